@@ -1,0 +1,12 @@
+// Whole-file reads with clear errors. Gzip input (by magic bytes, not by name)
+// is decompressed transparently; a truncated or corrupt gzip is an InputError.
+#pragma once
+
+#include <string>
+
+namespace u3m {
+
+std::string read_file(const std::string& path);
+bool is_gzip_file(const std::string& path);
+
+}  // namespace u3m
