@@ -1,3 +1,19 @@
+// libFuzzer target for the binary trace reader. Bad input must end in an
+// InputError; anything else (a crash, a sanitizer report, another exception)
+// is a finding.
 #include <cstddef>
 #include <cstdint>
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }
+#include <string_view>
+
+#include "u3m/trace/io.hpp"
+#include "u3m/util/error.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  u3m::trace::Trace out;
+  try {
+    u3m::trace::read_binary(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz",
+                            out);
+  } catch (const u3m::InputError&) {
+  }
+  return 0;
+}

@@ -1,0 +1,55 @@
+# The two commands of the README, plus the builds they rest on.
+#   make demo   install deps, build, run the demo on embedded defaults
+#   make test   install deps, build, run every test (release, then ASan+UBSan
+#               with brief fuzzing of every parser)
+# Other targets: build, asan, tsan, test-tsan, bench, fuzz, format, clean.
+
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 20
+
+.PHONY: all deps build asan tsan test test-release test-asan test-tsan fuzz demo bench format clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS)
+
+asan: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+
+tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+
+test: test-release test-asan fuzz
+
+test-release: build
+	@ctest --preset release -j $(JOBS)
+
+# Python tests exercise the release binary and torch; they are not rerun here.
+test-asan: asan
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --preset asan -j $(JOBS) -LE python
+
+test-tsan: tsan
+	@ctest --preset tsan -j $(JOBS) -LE python
+
+fuzz: asan
+	@scripts/run-fuzzers.sh build/asan $(FUZZ_SECONDS)
+
+demo: build
+	@scripts/demo.sh build/release/apps/u3m/u3m
+
+bench: build
+	@for b in build/release/bench/bench_*; do echo "== $$b"; $$b; done
+
+format:
+	@clang-format -i $$(git ls-files '*.cpp' '*.hpp')
+
+clean:
+	rm -rf build
