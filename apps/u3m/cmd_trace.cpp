@@ -61,8 +61,7 @@ void add_copy_command(CLI::App& trace, const char* name, const char* help) {
   auto o = std::make_shared<CopyOptions>();
   auto* cmd = trace.add_subcommand(name, help);
   cmd->add_option("FILE", o->input, "Input trace: PyTorch ET (.json/.json.gz), u3m JSONL or u3m binary")
-      ->required()
-      ->check(CLI::ExistingFile);
+      ->required();
   cmd->add_option("-o,--output", o->output,
                   "Output file: .jsonl writes JSON lines ('-' for stdout), anything else the "
                   "binary format (.u3mt)")
@@ -125,7 +124,7 @@ void add_trace_commands(CLI::App& app) {
   };
   auto so = std::make_shared<StatsOptions>();
   auto* stats = trace->add_subcommand("stats", "Print statistics of a trace (any format)");
-  stats->add_option("FILE", so->input, "Trace file")->required()->check(CLI::ExistingFile);
+  stats->add_option("FILE", so->input, "Trace file")->required();
   stats->add_flag("--json", so->json,
                   "Print one JSON object: events, ops, tensors, bytes_unique (sum of distinct "
                   "tensor sizes), iterations, op_classes, phases, bytes_by_role, event_kinds, "

@@ -1,1 +1,1072 @@
-// in progress
+// PyTorch Execution Trace importer. The rules (which nodes become ops, phases,
+// iterations, identities, roles, time) are documented in docs/et-import.md;
+// the comments here say how the code implements them.
+#include "u3m/trace/et_import.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <simdjson.h>
+#include <nlohmann/json.hpp>
+
+#include "u3m/trace/op_class.hpp"
+#include "u3m/util/error.hpp"
+#include "u3m/util/file.hpp"
+
+namespace u3m::trace {
+namespace {
+
+namespace dom = simdjson::dom;
+
+constexpr std::string_view kImporter = "u3m et_import (PyTorch Execution Trace)";
+constexpr std::string_view kTimeModel = "synthetic: 1 us per op";
+constexpr std::uint64_t kNsPerOp = 1000;
+
+// Both layouts carry the same information; they differ in where it lives.
+enum class Layout { flat, chakra };
+struct SchemaInfo {
+  std::string_view name;
+  Layout layout;
+};
+// Only schemas we have real samples of (data/pytorch-et/); others are rejected
+// by name rather than half-understood.
+constexpr SchemaInfo kSchemas[] = {
+    {"1.0.1", Layout::flat},
+    {"1.0.3-chakra.0.0.4", Layout::chakra},
+    {"1.1.0-chakra.0.0.4", Layout::chakra},
+};
+
+// Limits that keep byte arithmetic far from overflow; real tensors are far
+// below them, so exceeding one means the input is corrupt.
+constexpr std::int64_t kMaxNumel = std::int64_t{1} << 50;
+constexpr std::int64_t kMaxItemsize = 64;
+constexpr std::size_t kMaxPathChars = 1024;
+
+// ---------------------------------------------------------------------------
+// Error positions. The DOM parser does not keep source offsets, so on the
+// (rare) error path a small scanner finds where node k starts in the text.
+
+std::size_t line_of_offset(std::string_view s, std::size_t off) {
+  off = std::min(off, s.size());
+  return 1 + static_cast<std::size_t>(std::count(s.begin(), s.begin() + off, '\n'));
+}
+
+// Byte offset of element `k` of the top-level "nodes" array of a valid JSON
+// document, or npos.
+std::size_t node_offset(std::string_view s, std::size_t k) {
+  int depth = 0;
+  int nodes_depth = -1;  // depth inside the "nodes" array once found
+  bool expect_element = false;
+  std::size_t count = 0;
+  std::size_t i = 0;
+  auto skip_ws = [&](std::size_t j) {
+    while (j < s.size() && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r')) ++j;
+    return j;
+  };
+  while (i < s.size()) {
+    char c = s[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      ++i;
+      continue;
+    }
+    if (expect_element && depth == nodes_depth) {
+      if (count == k) return i;
+      ++count;
+      expect_element = false;
+    }
+    if (c == '"') {
+      std::size_t start = ++i;
+      while (i < s.size() && s[i] != '"') i += (s[i] == '\\') ? 2 : 1;
+      std::string_view str = s.substr(start, std::min(i, s.size()) - start);
+      ++i;
+      if (depth == 1 && nodes_depth < 0 && str == "nodes") {
+        std::size_t j = skip_ws(i);
+        if (j < s.size() && s[j] == ':') {
+          j = skip_ws(j + 1);
+          if (j < s.size() && s[j] == '[') {
+            nodes_depth = 2;
+            expect_element = true;
+            depth = 2;
+            i = j + 1;
+          }
+        }
+      }
+      continue;
+    }
+    if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (depth == nodes_depth) return std::string_view::npos;  // array ended
+      --depth;
+    } else if (c == ',' && depth == nodes_depth) {
+      expect_element = true;
+    }
+    ++i;
+  }
+  return std::string_view::npos;
+}
+
+// Finds the line and column of a JSON syntax error with nlohmann's SAX parser,
+// which builds nothing and is not recursive, so hostile nesting is safe.
+struct ErrorFinder : nlohmann::json_sax<nlohmann::json> {
+  std::size_t position = 0;
+  std::string message;
+  bool failed = false;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t pos, const std::string&,
+                   const nlohmann::detail::exception& ex) override {
+    failed = true;
+    position = pos;
+    message = ex.what();
+    return false;
+  }
+};
+
+[[noreturn]] void syntax_error(std::string_view json, std::string_view source,
+                               simdjson::error_code code) {
+  ErrorFinder finder;
+  nlohmann::json::sax_parse(json.begin(), json.end(), &finder);
+  if (finder.failed) {
+    // nlohmann's position is 1-based: the character that broke the parse.
+    std::size_t off = finder.position > 0 ? finder.position - 1 : 0;
+    off = std::min(off, json.size());
+    std::size_t line = line_of_offset(json, off);
+    std::size_t line_start = json.substr(0, off).rfind('\n');
+    std::size_t column = line_start == std::string_view::npos ? off + 1 : off - line_start;
+    // Keep the reason ("syntax error while parsing value - ..."), drop the
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: " prefix.
+    std::string_view why = finder.message;
+    if (auto p = why.find(": "); p != std::string_view::npos) why.remove_prefix(p + 2);
+    input_error(fmt::format("{}:{}", source, line), "JSON syntax error at line {}, column {}: {}",
+                line, column, why);
+  }
+  // Valid JSON that simdjson still refuses (nesting deeper than its limit,
+  // integers beyond 64 bits): no position to give, only the reason.
+  input_error(source, "JSON not accepted: {}", simdjson::error_message(code));
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers over DOM values.
+
+std::string_view type_name(dom::element_type t) {
+  switch (t) {
+    case dom::element_type::ARRAY:
+      return "array";
+    case dom::element_type::OBJECT:
+      return "object";
+    case dom::element_type::INT64:
+    case dom::element_type::UINT64:
+      return "integer";
+    case dom::element_type::DOUBLE:
+      return "number";
+    case dom::element_type::STRING:
+      return "string";
+    case dom::element_type::BOOL:
+      return "bool";
+    case dom::element_type::NULL_VALUE:
+      return "null";
+  }
+  return "value";
+}
+
+std::optional<std::int64_t> as_int(dom::element e) {
+  std::int64_t v;
+  if (e.get_int64().get(v) == simdjson::SUCCESS) return v;
+  return std::nullopt;
+}
+
+DType dtype_from_type(std::string_view t) {
+  // t is "Tensor(float)"; the part in parentheses is c10's scalar type name.
+  auto open = t.find('(');
+  auto close = t.rfind(')');
+  if (open == std::string_view::npos || close == std::string_view::npos || close < open)
+    return DType::other;
+  std::string_view s = t.substr(open + 1, close - open - 1);
+  if (s.starts_with("c10::")) s.remove_prefix(5);
+  static const std::pair<std::string_view, DType> kMap[] = {
+      {"float", DType::f32},        {"double", DType::f64},         {"Half", DType::f16},
+      {"half", DType::f16},         {"BFloat16", DType::bf16},      {"bfloat16", DType::bf16},
+      {"long", DType::i64},         {"long int", DType::i64},       {"int64_t", DType::i64},
+      {"int", DType::i32},          {"short", DType::i16},          {"signed char", DType::i8},
+      {"unsigned char", DType::u8}, {"bool", DType::boolean},       {"Float8_e4m3fn", DType::f8},
+      {"Float8_e5m2", DType::f8},   {"Float8_e4m3fnuz", DType::f8}, {"Float8_e5m2fnuz", DType::f8},
+  };
+  for (const auto& [name, d] : kMap)
+    if (s == name) return d;
+  return DType::other;
+}
+
+// Element `j` of "GenericList[Tensor(float),Tensor(long)]".
+std::string_view list_element_type(std::string_view t, std::size_t j) {
+  auto open = t.find('[');
+  if (open == std::string_view::npos) return {};
+  std::string_view body = t.substr(open + 1);
+  if (!body.empty() && body.back() == ']') body.remove_suffix(1);
+  int depth = 0;
+  std::size_t idx = 0, start = 0;
+  for (std::size_t i = 0; i <= body.size(); ++i) {
+    char c = i < body.size() ? body[i] : ',';
+    if (c == '(' || c == '[') ++depth;
+    if (c == ')' || c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      if (idx == j) return body.substr(start, i - start);
+      ++idx;
+      start = i + 1;
+    }
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// The importer proper.
+
+struct Node {
+  std::int64_t id = 0;
+  std::int64_t parent = 0;
+  bool has_parent = false;
+  bool has_schema_field = false;
+  std::string_view name;
+  std::string_view schema;  // op_schema; empty for record_function ranges
+  dom::element el;
+  std::uint32_t doc_index = 0;  // position in the "nodes" array, for errors
+};
+
+struct Arg {
+  std::int64_t storage = 0;
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+  std::int64_t itemsize = 0;
+  bool cpu = false;
+  DType dtype = DType::other;
+  std::uint32_t slot = 0;
+  std::int32_t elem = -1;  // index inside a GenericList, -1 for a plain Tensor argument
+  std::uint64_t bytes() const { return static_cast<std::uint64_t>(numel * itemsize); }
+  std::uint64_t extent() const { return static_cast<std::uint64_t>((offset + numel) * itemsize); }
+};
+
+enum PhaseBit : std::uint8_t { kFwd = 0, kBwd = 1, kOpt = 2 };
+
+struct TensorInfo {
+  std::string name;
+  std::uint64_t bytes = 0;
+  DType dtype = DType::other;
+  bool entering = false;  // named after its first reader (not produced in the iteration)
+  bool constant = false;  // a CPU scalar argument
+  bool weight_slot = false;
+  bool sqrt_in_opt = false;
+  std::uint8_t read = 0, written = 0;  // PhaseBit masks
+  std::uint32_t last_use = 0;          // op index of the latest access
+};
+
+struct Access {
+  std::uint32_t tensor;
+  EventKind kind;
+  std::uint64_t bytes;
+};
+
+struct NodeState {
+  bool inside_op = false;  // this node or an ancestor is an op: its subtree is not imported
+  bool backward = false;
+  bool optimizer = false;
+  std::string path;
+};
+
+bool is_framework_node(std::string_view name) {
+  return name.starts_with("[pytorch|profiler|");
+}
+bool is_step_marker(std::string_view name) {
+  return name.starts_with("ProfilerStep#");
+}
+bool is_backward_range(std::string_view name) {
+  return name.starts_with("autograd::engine::evaluate_function:");
+}
+bool is_optimizer_range(std::string_view name) {
+  return name.starts_with("Optimizer.step#") || name.starts_with("Optimizer.zero_grad#");
+}
+
+class Importer {
+ public:
+  Importer(std::string_view json, std::string_view source, const EtImportOptions& opt)
+      : json_(json), source_(source), opt_(opt) {}
+
+  void run(TraceSink& out);
+
+ private:
+  template <typename... Args>
+  [[noreturn]] void node_error(const Node& n, fmt::format_string<Args...> f, Args&&... args) {
+    std::size_t off = node_offset(json_, n.doc_index);
+    std::string where = off == std::string_view::npos
+                            ? std::string(source_)
+                            : fmt::format("{}:{}", source_, line_of_offset(json_, off));
+    input_error(where, "node id {} ('{}'): {}", n.id, n.name,
+                fmt::format(f, std::forward<Args>(args)...));
+  }
+  template <typename... Args>
+  [[noreturn]] void doc_error(std::size_t doc_index, fmt::format_string<Args...> f,
+                              Args&&... args) {
+    std::size_t off = node_offset(json_, doc_index);
+    std::string where = off == std::string_view::npos
+                            ? std::string(source_)
+                            : fmt::format("{}:{}", source_, line_of_offset(json_, off));
+    input_error(where, "nodes[{}]: {}", doc_index, fmt::format(f, std::forward<Args>(args)...));
+  }
+
+  void read_header(dom::element root);
+  void read_nodes(dom::array nodes);
+  void find_iterations();
+  void walk();
+  void import_op(std::size_t i);
+  void scan_nested(std::size_t i);
+  void read_args(const Node& n, bool outputs, std::vector<Arg>& args);
+  void read_tensor(const Node& n, std::string_view field, dom::element v, std::string_view type,
+                   std::uint32_t slot, std::int32_t elem, std::vector<Arg>& args);
+  std::vector<std::int64_t> shape(const Node& n, bool outputs, std::uint32_t slot);
+  double flops(const Node& n);
+  std::uint32_t tensor_named(std::string&& name, const Arg& a);
+  void access(std::uint32_t t, EventKind kind, std::uint64_t bytes, std::uint8_t phase_bit);
+  void end_iteration();
+  Role role_of(const TensorInfo& t) const;
+  void emit(TraceSink& out);
+
+  std::string_view json_;
+  std::string_view source_;
+  const EtImportOptions& opt_;
+  std::string_view schema_;
+  Layout layout_ = Layout::flat;
+
+  std::vector<Node> nodes_;  // sorted by id, which is execution order
+  std::vector<NodeState> state_;
+  std::vector<std::int64_t> parent_pos_;  // position of each node's parent, -1 for none
+  std::vector<std::int64_t> boundaries_;  // ids that start iterations 1, 2, ...
+  std::string iteration_rule_;
+
+  // Per iteration: storage id -> logical tensor, and sibling ordinals.
+  std::unordered_map<std::int64_t, std::uint32_t> binding_;
+  std::unordered_map<std::string, std::uint32_t> ordinals_;
+  std::vector<std::uint32_t> produced_;  // tensors produced in the current iteration
+
+  std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string, std::uint32_t> by_name_;
+  std::vector<Op> ops_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> op_events_;  // [begin, end) in events_
+  std::vector<Access> events_;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> frees_;  // (op, tensor)
+  std::uint32_t iteration_ = 0;
+  std::size_t view_ops_skipped_ = 0;
+
+  // Scratch buffers reused across ops.
+  std::vector<Arg> ins_, outs_;
+  std::vector<std::uint32_t> in_tensor_;  // logical tensor of each entry of ins_
+  std::vector<Arg> inner_, nested_in_, nested_out_;
+  std::uint64_t nested_writes_ = 0;
+  std::vector<std::uint32_t> stack_;
+  std::vector<std::uint32_t> child_begin_, children_;  // children of node i: CSR form
+  std::vector<Access> acc_;
+  std::unordered_map<std::uint64_t, std::uint32_t> acc_index_;  // (tensor, kind) -> acc_ entry
+  std::unordered_map<std::int64_t, std::uint32_t> input_at_;    // storage -> first entry of ins_
+  std::unordered_set<std::int64_t> seen_, nested_in_storages_;
+};
+
+void Importer::run(TraceSink& out) {
+  dom::parser parser;
+  dom::element root;
+  if (auto err = parser.parse(json_.data(), json_.size()).get(root))
+    syntax_error(json_, source_, err);
+  read_header(root);
+  dom::array nodes;
+  dom::element nodes_el;
+  if (root.at_key("nodes").get(nodes_el) != simdjson::SUCCESS)
+    input_error(source_, "missing field 'nodes' (the list of ET nodes)");
+  if (nodes_el.get_array().get(nodes) != simdjson::SUCCESS)
+    input_error(source_, "field 'nodes' must be an array, not {}", type_name(nodes_el.type()));
+  read_nodes(nodes);
+  find_iterations();
+  walk();
+  emit(out);
+}
+
+void Importer::read_header(dom::element root) {
+  if (!root.is_object())
+    input_error(source_, "an execution trace is a JSON object, not {}", type_name(root.type()));
+  dom::element s;
+  if (root.at_key("schema").get(s) != simdjson::SUCCESS)
+    input_error(source_, "missing field 'schema'");
+  if (s.get_string().get(schema_) != simdjson::SUCCESS)
+    input_error(source_, "field 'schema' must be a string, not {}", type_name(s.type()));
+  for (const auto& k : kSchemas) {
+    if (k.name == schema_) {
+      layout_ = k.layout;
+      return;
+    }
+  }
+  std::vector<std::string_view> names;
+  for (const auto& k : kSchemas) names.push_back(k.name);
+  input_error(source_, "unknown ET schema '{}' (supported: {})", schema_, fmt::join(names, ", "));
+}
+
+void Importer::read_nodes(dom::array nodes) {
+  nodes_.reserve(nodes.size());
+  std::uint32_t k = 0;
+  for (dom::element e : nodes) {
+    Node n;
+    n.doc_index = k++;
+    n.el = e;
+    if (!e.is_object())
+      doc_error(n.doc_index, "a node must be an object, not {}", type_name(e.type()));
+    dom::element v;
+    if (e.at_key("id").get(v) != simdjson::SUCCESS) doc_error(n.doc_index, "missing field 'id'");
+    auto id = as_int(v);
+    if (!id) doc_error(n.doc_index, "field 'id' must be an integer, not {}", type_name(v.type()));
+    n.id = *id;
+    if (e.at_key("name").get(v) != simdjson::SUCCESS || v.get_string().get(n.name))
+      doc_error(n.doc_index, "node id {}: field 'name' missing or not a string", n.id);
+    std::string_view parent_key = layout_ == Layout::flat ? "parent" : "ctrl_deps";
+    if (e.at_key(parent_key).get(v) == simdjson::SUCCESS) {
+      auto p = as_int(v);
+      if (!p)
+        node_error(n, "field '{}' must be an integer, not {}", parent_key, type_name(v.type()));
+      n.parent = *p;
+      n.has_parent = true;
+    }
+    if (layout_ == Layout::flat) {
+      if (e.at_key("op_schema").get(v) == simdjson::SUCCESS) {
+        if (v.get_string().get(n.schema)) node_error(n, "field 'op_schema' must be a string");
+        n.has_schema_field = true;
+      }
+    } else if (e.at_key("attrs").get(v) == simdjson::SUCCESS) {
+      dom::array attrs;
+      if (v.get_array().get(attrs)) node_error(n, "field 'attrs' must be an array");
+      for (dom::element a : attrs) {
+        std::string_view an;
+        dom::element av;
+        if (!a.is_object() || a.at_key("name").get(av) || av.get_string().get(an))
+          node_error(n, "each entry of 'attrs' must be an object with a string 'name'");
+        if (an != "op_schema") continue;
+        if (a.at_key("value").get(av) || av.get_string().get(n.schema))
+          node_error(n, "attrs 'op_schema' needs a string 'value'");
+        n.has_schema_field = true;
+      }
+    }
+    nodes_.push_back(n);
+  }
+  // Node ids are handed out when an operator starts, so id order is
+  // execution order; the file itself lists nodes as they finish.
+  std::stable_sort(nodes_.begin(), nodes_.end(),
+                   [](const Node& a, const Node& b) { return a.id < b.id; });
+  for (std::size_t i = 1; i < nodes_.size(); ++i)
+    if (nodes_[i].id == nodes_[i - 1].id) node_error(nodes_[i], "duplicate node id");
+}
+
+// A node is an operator when the dispatcher recorded a schema for it;
+// record_function ranges and autograd nodes have an empty op_schema. Traces
+// without the field fall back to the operator namespaces.
+bool is_operator(const Node& n) {
+  if (n.has_schema_field) return !n.schema.empty();
+  return n.name.starts_with("aten::") || n.name.starts_with("c10d::");
+}
+
+void Importer::find_iterations() {
+  std::unordered_map<std::int64_t, std::size_t> index;
+  index.reserve(nodes_.size());
+  for (std::size_t i = 0; i < nodes_.size(); ++i) index.emplace(nodes_[i].id, i);
+  auto top_level = [&](const Node& n) {
+    if (is_framework_node(n.name)) return false;
+    if (!n.has_parent || n.parent == n.id) return true;
+    auto it = index.find(n.parent);
+    return it == index.end() || is_framework_node(nodes_[it->second].name);
+  };
+  for (const Node& n : nodes_)
+    if (is_step_marker(n.name)) boundaries_.push_back(n.id);
+  if (!boundaries_.empty()) {
+    iteration_rule_ = "ProfilerStep# ranges";
+  } else {
+    // The first top-level record_function range that recurs marks the start
+    // of each iteration (e.g. "## forward ##" in a fwd/bwd/opt loop).
+    std::vector<const Node*> ranges;
+    std::unordered_map<std::string_view, int> count;
+    for (const Node& n : nodes_) {
+      if (!top_level(n) || is_operator(n) || is_backward_range(n.name)) continue;
+      ranges.push_back(&n);
+      ++count[n.name];
+    }
+    for (const Node* r : ranges) {
+      if (count[r->name] < 2) continue;
+      for (const Node* q : ranges)
+        if (q->name == r->name) boundaries_.push_back(q->id);
+      iteration_rule_ = fmt::format("repeated top-level range '{}'", r->name);
+      break;
+    }
+    if (boundaries_.empty()) iteration_rule_ = "none found: one iteration";
+  }
+  // Nodes before the first boundary belong to iteration 0, so the first
+  // boundary itself does not start a new one.
+  if (!boundaries_.empty()) boundaries_.erase(boundaries_.begin());
+
+  // Parents as positions; a parent that does not precede its child (corrupt
+  // input) is ignored so the walk below never sees an unprocessed parent.
+  state_.resize(nodes_.size());
+  parent_pos_.assign(nodes_.size(), -1);
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    if (!n.has_parent || n.parent == n.id) continue;
+    auto it = index.find(n.parent);
+    if (it != index.end() && it->second < i) parent_pos_[i] = static_cast<std::int64_t>(it->second);
+  }
+  child_begin_.assign(nodes_.size() + 1, 0);
+  for (std::int64_t p : parent_pos_)
+    if (p >= 0) ++child_begin_[static_cast<std::size_t>(p) + 1];
+  for (std::size_t i = 0; i < nodes_.size(); ++i) child_begin_[i + 1] += child_begin_[i];
+  children_.resize(child_begin_.back());
+  std::vector<std::uint32_t> fill(child_begin_.begin(), child_begin_.end() - 1);
+  for (std::size_t i = 0; i < nodes_.size(); ++i)  // ascending i keeps children in id order
+    if (parent_pos_[i] >= 0)
+      children_[fill[static_cast<std::size_t>(parent_pos_[i])]++] = static_cast<std::uint32_t>(i);
+}
+
+void Importer::walk() {
+  std::size_t next_boundary = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    while (next_boundary < boundaries_.size() && n.id >= boundaries_[next_boundary]) {
+      end_iteration();
+      ++iteration_;
+      ++next_boundary;
+    }
+    NodeState& st = state_[i];
+    const NodeState* parent = parent_pos_[i] >= 0 ? &state_[parent_pos_[i]] : nullptr;
+    if (parent && parent->inside_op) {
+      st.inside_op = true;
+      continue;
+    }
+    st.backward = (parent && parent->backward) || is_backward_range(n.name);
+    st.optimizer = (parent && parent->optimizer) || is_optimizer_range(n.name);
+    const std::string parent_path = parent ? parent->path : std::string();
+    if (is_framework_node(n.name) || is_step_marker(n.name)) {
+      // Thread roots and the step marker (whose name changes every step) add
+      // no path component, so paths repeat from step to step.
+      st.path = parent_path;
+    } else {
+      std::string key = parent_path;
+      key += '\x1f';
+      key += n.name;
+      std::uint32_t ord = ordinals_[key]++;
+      st.path = parent_path.empty() ? std::string(n.name) : parent_path + "/" + std::string(n.name);
+      if (ord > 0) st.path += fmt::format("#{}", ord);
+      // Bounded paths keep hostile nesting (a chain of 100k ranges) linear;
+      // real paths are a few hundred characters.
+      if (st.path.size() > kMaxPathChars) st.path = fmt::format("~{:016x}", stable_id(st.path));
+    }
+    if (is_operator(n)) {
+      st.inside_op = true;
+      import_op(i);
+    }
+  }
+  end_iteration();
+}
+
+void Importer::read_tensor(const Node& n, std::string_view field, dom::element v,
+                           std::string_view type, std::uint32_t slot, std::int32_t elem,
+                           std::vector<Arg>& args) {
+  dom::array a;
+  if (v.get_array().get(a))
+    node_error(n,
+               "{}[{}]: a {} value must be [tensor_id, storage_id, offset, numel, itemsize, "
+               "device], not {}",
+               field, slot, type, type_name(v.type()));
+  std::int64_t f[5];
+  static constexpr std::string_view kFields[5] = {"tensor_id", "storage_id", "offset", "numel",
+                                                  "itemsize"};
+  std::size_t k = 0;
+  Arg arg;
+  for (dom::element x : a) {
+    if (k < 5) {
+      auto iv = as_int(x);
+      if (!iv)
+        node_error(n, "{}[{}]: field {} must be an integer, not {}", field, slot, kFields[k],
+                   type_name(x.type()));
+      f[k] = *iv;
+    } else if (k == 5) {
+      std::string_view dev;
+      if (x.get_string().get(dev) == simdjson::SUCCESS) arg.cpu = dev == "cpu";
+    }
+    ++k;
+  }
+  if (k < 5)
+    node_error(n,
+               "{}[{}]: a tensor value needs [tensor_id, storage_id, offset, numel, itemsize], "
+               "got {} fields",
+               field, slot, k);
+  if (f[2] < 0 || f[2] > kMaxNumel)
+    node_error(n, "{}[{}]: field offset {} is out of range", field, slot, f[2]);
+  if (f[3] < 0 || f[3] > kMaxNumel)
+    node_error(n, "{}[{}]: field numel {} is {}", field, slot, f[3],
+               f[3] < 0 ? "negative" : "implausibly large");
+  if (f[4] < 0 || f[4] > kMaxItemsize)
+    node_error(n, "{}[{}]: field itemsize {} is {}", field, slot, f[4],
+               f[4] < 0 ? "negative" : "implausibly large");
+  // Undefined tensors ("nullptr (uninitialized)") and empty ones touch no memory.
+  if (f[3] == 0 || f[4] == 0) return;
+  // Storage id 0 means no storage was recorded; fall back to the tensor id.
+  arg.storage = f[1] != 0 ? f[1] : -1 - std::max<std::int64_t>(f[0], 0);
+  arg.offset = f[2];
+  arg.numel = f[3];
+  arg.itemsize = f[4];
+  arg.cpu = arg.cpu && arg.numel == 1;  // only CPU *scalars* are treated as constants
+  arg.dtype = dtype_from_type(type);
+  arg.slot = slot;
+  arg.elem = elem;
+  args.push_back(arg);
+}
+
+void Importer::read_args(const Node& n, bool outputs, std::vector<Arg>& args) {
+  args.clear();
+  dom::element values_el, types_el;
+  std::string_view field;
+  if (layout_ == Layout::flat) {
+    field = outputs ? "outputs" : "inputs";
+    if (n.el.at_key(field).get(values_el)) return;  // no arguments recorded
+    if (n.el.at_key(outputs ? "output_types" : "input_types").get(types_el))
+      node_error(n, "field '{}' present without '{}'", field,
+                 outputs ? "output_types" : "input_types");
+  } else {
+    field = outputs ? "outputs.values" : "inputs.values";
+    dom::element group;
+    if (n.el.at_key(outputs ? "outputs" : "inputs").get(group)) return;
+    if (!group.is_object())
+      node_error(n, "field '{}' must be an object {{values, shapes, types}}, not {}",
+                 outputs ? "outputs" : "inputs", type_name(group.type()));
+    if (group.at_key("values").get(values_el) || group.at_key("types").get(types_el))
+      node_error(n, "field '{}' needs 'values' and 'types'", outputs ? "outputs" : "inputs");
+  }
+  dom::array values, types;
+  if (values_el.get_array().get(values))
+    node_error(n, "field '{}' must be an array, not {}", field, type_name(values_el.type()));
+  if (types_el.get_array().get(types)) node_error(n, "the types of '{}' must be an array", field);
+  if (values.size() != types.size())
+    node_error(n, "'{}' has {} values but {} types", field, values.size(), types.size());
+  std::uint32_t slot = 0;
+  auto ti = types.begin();
+  for (dom::element v : values) {
+    std::string_view t;
+    if ((*ti).get_string().get(t)) node_error(n, "types of '{}' must be strings", field);
+    ++ti;
+    if (t.starts_with("Tensor(")) {
+      read_tensor(n, field, v, t, slot, -1, args);
+    } else if (t.starts_with("GenericList[Tensor")) {
+      dom::array list;
+      if (v.get_array().get(list))
+        node_error(n, "{}[{}]: a {} value must be an array, not {}", field, slot, t.substr(0, 20),
+                   type_name(v.type()));
+      std::int32_t j = 0;
+      for (dom::element x : list) {
+        std::string_view et = list_element_type(t, static_cast<std::size_t>(j));
+        if (et.starts_with("Tensor(")) read_tensor(n, field, x, et, slot, j, args);
+        ++j;
+      }
+    }
+    ++slot;
+  }
+}
+
+std::vector<std::int64_t> Importer::shape(const Node& n, bool outputs, std::uint32_t slot) {
+  std::vector<std::int64_t> dims;
+  dom::element shapes;
+  bool found = layout_ == Layout::flat
+                   ? !n.el.at_key(outputs ? "output_shapes" : "input_shapes").get(shapes)
+                   : !n.el.at_key(outputs ? "outputs" : "inputs").at_key("shapes").get(shapes);
+  dom::element s;
+  dom::array a;
+  if (!found || shapes.at(slot).get(s) || s.get_array().get(a)) return dims;
+  for (dom::element d : a) {
+    auto v = as_int(d);
+    if (!v || *v < 0) return {};
+    dims.push_back(*v);
+  }
+  return dims;
+}
+
+double product(const std::vector<std::int64_t>& d, std::size_t from = 0) {
+  double p = 1;
+  for (std::size_t i = from; i < d.size(); ++i) p *= static_cast<double>(d[i]);
+  return p;
+}
+
+// FLOPs of the matmul-shaped ops from their recorded shapes; 0 when unknown.
+double Importer::flops(const Node& n) {
+  std::string_view name = n.name;
+  auto mm = [](const std::vector<std::int64_t>& a, const std::vector<std::int64_t>& b) {
+    if (a.size() == 2 && b.size() == 2 && a[1] == b[0]) return 2.0 * a[0] * a[1] * b[1];
+    if (a.size() == 3 && b.size() == 3 && a[0] == b[0] && a[2] == b[1])
+      return 2.0 * a[0] * a[1] * a[2] * b[2];
+    return 0.0;
+  };
+  if (name == "aten::mm" || name == "aten::bmm" || name == "aten::matmul")
+    return mm(shape(n, false, 0), shape(n, false, 1));
+  if (name == "aten::addmm" || name == "aten::baddbmm")
+    return mm(shape(n, false, 1), shape(n, false, 2));
+  if (name == "aten::linear") {
+    auto x = shape(n, false, 0), w = shape(n, false, 1);
+    if (x.empty() || w.size() != 2 || x.back() != w[1]) return 0;
+    return 2.0 * product(x) * static_cast<double>(w[0]);
+  }
+  bool conv = name == "aten::conv1d" || name == "aten::conv2d" || name == "aten::conv3d" ||
+              name == "aten::convolution" || name == "aten::_convolution" ||
+              name == "aten::cudnn_convolution" || name == "aten::mkldnn_convolution";
+  if (conv) {
+    // 2 * output elements * (weight elements per output channel).
+    auto w = shape(n, false, 1), y = shape(n, true, 0);
+    if (w.size() < 3 || y.empty() || w[0] == 0) return 0;
+    return 2.0 * product(y) * product(w, 1);
+  }
+  if (name == "aten::convolution_backward") {
+    // Input-gradient and weight-gradient passes each cost about one forward.
+    auto gy = shape(n, false, 0), w = shape(n, false, 2);
+    if (w.size() < 3 || gy.empty()) return 0;
+    int passes = 2;
+    dom::element mask;
+    dom::array m;
+    bool got = layout_ == Layout::flat ? !n.el.at_key("inputs").at(10).get(mask)
+                                       : !n.el.at_key("inputs").at_key("values").at(10).get(mask);
+    if (got && !mask.get_array().get(m)) {
+      passes = 0;
+      int k = 0;
+      for (dom::element b : m) {
+        bool on = false;
+        if (k++ < 2 && !b.get_bool().get(on) && on) ++passes;
+      }
+    }
+    return passes * 2.0 * product(gy) * product(w, 1);
+  }
+  return 0;
+}
+
+// Slots an operator writes in place, from "Tensor(a!)" in its schema.
+std::uint64_t mutated_slots(const Node& n, bool* writes_returns) {
+  std::uint64_t mask = 0;
+  *writes_returns = false;
+  std::string_view s = n.schema;
+  if (s.empty()) {
+    // No schema: PyTorch's naming convention for in-place ops.
+    if (n.name.ends_with("_")) mask = 1, *writes_returns = true;
+    return mask;
+  }
+  auto open = s.find('(');
+  if (open == std::string_view::npos) return 0;
+  int depth = 0;
+  std::size_t arg_start = open + 1, close = s.size();
+  std::uint32_t slot = 0;
+  for (std::size_t i = open + 1; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '(' || c == '[') ++depth;
+    if ((c == ')' || c == ']') && depth > 0) {
+      --depth;
+      continue;
+    }
+    if ((c == ',' || c == ')') && depth == 0) {
+      std::string_view arg = s.substr(arg_start, i - arg_start);
+      while (!arg.empty() && arg.front() == ' ') arg.remove_prefix(1);
+      if (arg != "*" && !arg.empty()) {  // "*" separates keyword-only args; not a value
+        if (arg.find("!)") != std::string_view::npos && slot < 64) mask |= std::uint64_t{1} << slot;
+        ++slot;
+      }
+      arg_start = i + 1;
+      if (c == ')') {
+        close = i;
+        break;
+      }
+    }
+  }
+  if (close < s.size() && s.substr(close).find('!') != std::string_view::npos)
+    *writes_returns = true;
+  return mask;
+}
+
+std::uint32_t Importer::tensor_named(std::string&& name, const Arg& a) {
+  auto [it, fresh] =
+      by_name_.try_emplace(std::move(name), static_cast<std::uint32_t>(tensors_.size()));
+  if (fresh) {
+    TensorInfo t;
+    t.name = it->first;
+    t.dtype = a.dtype;
+    tensors_.push_back(std::move(t));
+  }
+  return it->second;
+}
+
+void Importer::access(std::uint32_t t, EventKind kind, std::uint64_t bytes,
+                      std::uint8_t phase_bit) {
+  auto [it, fresh] =
+      acc_index_.try_emplace((std::uint64_t{t} << 2) | static_cast<std::uint64_t>(kind),
+                             static_cast<std::uint32_t>(acc_.size()));
+  if (!fresh) {
+    Access& a = acc_[it->second];
+    a.bytes = std::max(a.bytes, bytes);  // two views of one tensor count once
+    return;
+  }
+  acc_.push_back({t, kind, bytes});
+  TensorInfo& ti = tensors_[t];
+  if (kind == EventKind::read) ti.read |= std::uint8_t(1u << phase_bit);
+  if (kind == EventKind::write) ti.written |= std::uint8_t(1u << phase_bit);
+  ti.last_use = static_cast<std::uint32_t>(ops_.size());
+}
+
+std::string slot_name(const char* dir, const Arg& a) {
+  return a.elem < 0 ? fmt::format(".{}{}", dir, a.slot)
+                    : fmt::format(".{}{}.{}", dir, a.slot, a.elem);
+}
+
+// Looks inside operator i for what its own arguments do not show: tensors
+// its nested operators create and keep (inner_) and in-place writes nested
+// operators make to i's inputs (nested_writes_, a bit per position in ins_).
+void Importer::scan_nested(std::size_t i) {
+  inner_.clear();
+  nested_writes_ = 0;
+  stack_.assign(children_.begin() + child_begin_[i], children_.begin() + child_begin_[i + 1]);
+  std::reverse(stack_.begin(), stack_.end());
+  seen_.clear();
+  for (const auto* v : {&ins_, &outs_})
+    for (const Arg& a : *v) seen_.insert(a.storage);
+  while (!stack_.empty()) {
+    std::uint32_t d = stack_.back();
+    stack_.pop_back();
+    for (std::uint32_t c = child_begin_[d + 1]; c-- > child_begin_[d];)
+      stack_.push_back(children_[c]);
+    const Node& n = nodes_[d];
+    read_args(n, false, nested_in_);
+    read_args(n, true, nested_out_);
+    bool ignored = false;
+    if (std::uint64_t m = mutated_slots(n, &ignored)) {
+      for (const Arg& a : nested_in_) {
+        if (a.slot >= 64 || !((m >> a.slot) & 1)) continue;
+        auto k = input_at_.find(a.storage);
+        if (k != input_at_.end() && k->second < 64) nested_writes_ |= std::uint64_t{1} << k->second;
+      }
+    }
+    nested_in_storages_.clear();
+    for (const Arg& a : nested_in_) nested_in_storages_.insert(a.storage);
+    for (const Arg& o : nested_out_) {
+      // Skip aliases of the nested op's own inputs and storages already seen.
+      if (nested_in_storages_.count(o.storage) || !seen_.insert(o.storage).second) continue;
+      Arg a = o;
+      a.slot = static_cast<std::uint32_t>(inner_.size());
+      a.elem = -1;
+      inner_.push_back(a);
+    }
+  }
+}
+
+void Importer::import_op(std::size_t i) {
+  const Node& n = nodes_[i];
+  const NodeState& st = state_[i];
+  read_args(n, false, ins_);
+  read_args(n, true, outs_);
+  Phase ctx = st.backward ? Phase::backward : st.optimizer ? Phase::optimizer : Phase::forward;
+  std::uint8_t bit = st.backward ? kBwd : st.optimizer ? kOpt : kFwd;
+  OpClass cls = classify_op(n.name, ctx);
+  bool writes_returns = false;
+  std::uint64_t mutated = mutated_slots(n, &writes_returns);
+  // Collectives work in place on the tensors they are given, whatever their
+  // schema says (c10d::allreduce_ returns its input list).
+  if (cls == OpClass::collective) writes_returns = true;
+  input_at_.clear();
+  for (std::size_t k = 0; k < ins_.size(); ++k)
+    input_at_.try_emplace(ins_[k].storage, static_cast<std::uint32_t>(k));
+  // Position in ins_ of the first input sharing o's storage, or -1.
+  auto aliased_input = [&](const Arg& o) -> std::int64_t {
+    auto it = input_at_.find(o.storage);
+    return it == input_at_.end() ? -1 : static_cast<std::int64_t>(it->second);
+  };
+  auto aliases_input = [&](const Arg& o) { return aliased_input(o) >= 0; };
+  scan_nested(i);
+  if (ins_.empty() && outs_.empty() && inner_.empty()) return;  // touches no tensor
+  if (mutated == 0 && !writes_returns && inner_.empty() && nested_writes_ == 0 &&
+      std::all_of(outs_.begin(), outs_.end(), aliases_input)) {
+    // A view (t, view, expand, detach, ...): no data moves. Its output keeps
+    // the storage, so later readers resolve to the same logical tensor.
+    ++view_ops_skipped_;
+    return;
+  }
+
+  Op op;
+  op.name = std::string(n.name);
+  op.cls = classify_op(n.name, ctx);
+  op.phase = op.cls == OpClass::collective ? Phase::collective : ctx;
+  op.job = 0;
+  op.iteration = iteration_;
+  op.flops = flops(n);
+
+  acc_.clear();
+  acc_index_.clear();
+  const std::string prefix = opt_.job + "." + st.path;
+  bool weight_op =
+      op.cls == OpClass::matmul || op.cls == OpClass::norm || op.cls == OpClass::embedding;
+  bool sqrt_op = n.name.find("sqrt") != std::string_view::npos;
+  in_tensor_.clear();
+  for (const Arg& a : ins_) {
+    std::uint32_t t;
+    auto b = binding_.find(a.storage);
+    if (a.cpu) {
+      // A CPU scalar (wrapped number, lr, 1/world_size): its storage id is
+      // recycled between unrelated scalars, so it is a constant of this op.
+      t = tensor_named(prefix + slot_name("in", a), a);
+      tensors_[t].constant = true;
+    } else if (b != binding_.end()) {
+      t = b->second;
+    } else {
+      // Enters the iteration without being produced in it: named after its
+      // first reader. See Note [Stable ET identities] in docs/et-import.md.
+      t = tensor_named(prefix + slot_name("in", a), a);
+      tensors_[t].entering = true;
+      binding_.emplace(a.storage, t);
+    }
+    in_tensor_.push_back(t);
+    TensorInfo& ti = tensors_[t];
+    if (ti.entering || ti.constant) ti.bytes = std::max(ti.bytes, a.extent());
+    if (weight_op && a.slot >= 1 && ctx == Phase::forward) ti.weight_slot = true;
+    if (sqrt_op && ctx == Phase::optimizer) ti.sqrt_in_opt = true;
+    // A broadcast view can claim more elements than its storage holds.
+    access(t, EventKind::read, std::min(a.bytes(), ti.bytes), bit);
+  }
+  for (std::size_t k = 0; k < ins_.size(); ++k)
+    if ((ins_[k].slot < 64 && (mutated >> ins_[k].slot) & 1) ||
+        (k < 64 && (nested_writes_ >> k) & 1))
+      access(in_tensor_[k], EventKind::write,
+             std::min(ins_[k].bytes(), tensors_[in_tensor_[k]].bytes), bit);
+  for (const Arg& o : outs_) {
+    if (std::int64_t k = aliased_input(o); k >= 0) {
+      // Returned alias of an input: an in-place or out= write, or a view.
+      std::uint32_t t = in_tensor_[static_cast<std::size_t>(k)];
+      if (writes_returns || mutated)
+        access(t, EventKind::write, std::min(o.bytes(), tensors_[t].bytes), bit);
+      continue;
+    }
+    // New storage: a tensor produced here. Its storage id may be a recycled
+    // one, so it always rebinds.
+    std::uint32_t t = tensor_named(prefix + slot_name("out", o), o);
+    TensorInfo& ti = tensors_[t];
+    ti.bytes = std::max(ti.bytes, o.extent());
+    binding_[o.storage] = t;
+    access(t, EventKind::alloc, 0, bit);
+    access(t, EventKind::write, o.bytes(), bit);
+    produced_.push_back(t);
+  }
+  for (const Arg& o : inner_) {
+    // Made by a nested operator and not returned (saved statistics, pooling
+    // indices, scratch): produced here under an ".inner<k>" name.
+    std::uint32_t t = tensor_named(prefix + slot_name("inner", o), o);
+    TensorInfo& ti = tensors_[t];
+    ti.bytes = std::max(ti.bytes, o.extent());
+    binding_[o.storage] = t;
+    access(t, EventKind::alloc, 0, bit);
+    access(t, EventKind::write, o.bytes(), bit);
+    produced_.push_back(t);
+  }
+  std::uint64_t bytes = 0;
+  for (const Access& a : acc_) {
+    std::uint64_t room = std::numeric_limits<std::uint64_t>::max() - bytes;
+    bytes += std::min(a.bytes, room);
+  }
+  op.bytes = bytes;
+  auto begin = static_cast<std::uint32_t>(events_.size());
+  // Order inside an op: allocs, reads, writes (times follow the same order).
+  for (EventKind k : {EventKind::alloc, EventKind::read, EventKind::write})
+    for (const Access& a : acc_)
+      if (a.kind == k) events_.push_back(a);
+  op_events_.emplace_back(begin, static_cast<std::uint32_t>(events_.size()));
+  ops_.push_back(std::move(op));
+}
+
+void Importer::end_iteration() {
+  // Activations die after their last use in the iteration that made them.
+  for (std::uint32_t t : produced_) frees_.emplace_back(tensors_[t].last_use, t);
+  produced_.clear();
+  binding_.clear();
+  ordinals_.clear();
+}
+
+Role Importer::role_of(const TensorInfo& t) const {
+  const std::uint8_t fwd = 1u << kFwd, bwd = 1u << kBwd, opt = 1u << kOpt;
+  const std::uint8_t used = t.read | t.written;
+  if (t.constant) return Role::other;
+  if ((t.written & bwd) && (t.read & opt)) return Role::grad;
+  if (t.entering && !(t.written & bwd) &&
+      (((t.written & opt) && (used & (fwd | bwd))) || t.weight_slot))
+    return Role::param;
+  if (used == opt) {
+    if (!t.entering) return Role::workspace;  // temporaries of the optimizer step
+    return t.sqrt_in_opt ? Role::optim_v : Role::optim_m;
+  }
+  if (!t.entering) return Role::activation;
+  // Entering data read in forward (the input batch, labels) flows like an
+  // activation; anything else entering (communication buckets) is "other".
+  return (t.read & fwd) && !t.written ? Role::activation : Role::other;
+}
+
+void Importer::emit(TraceSink& out) {
+  out.meta("source", source_);
+  out.meta("et_schema", schema_);
+  out.meta("importer", kImporter);
+  out.meta("time_model", kTimeModel);
+  out.meta("et_iteration_rule", iteration_rule_);
+  out.meta("et_view_ops_skipped", std::to_string(view_ops_skipped_));
+  out.job(opt_.job);
+  for (const TensorInfo& ti : tensors_) {
+    Tensor t;
+    t.id = stable_id(ti.name);
+    t.name = ti.name;
+    t.bytes = ti.bytes;
+    t.dtype = ti.dtype;
+    t.role = role_of(ti);
+    t.job = 0;
+    out.tensor(t);
+  }
+  std::stable_sort(frees_.begin(), frees_.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::size_t f = 0;
+  for (std::uint32_t i = 0; i < ops_.size(); ++i) {
+    out.op(ops_[i]);
+    const std::uint64_t t0 = kNsPerOp * i;
+    for (std::uint32_t e = op_events_[i].first; e < op_events_[i].second; ++e) {
+      const Access& a = events_[e];
+      out.event({a.kind == EventKind::write ? t0 + kNsPerOp / 2 : t0, i, a.tensor, a.kind});
+    }
+    for (; f < frees_.size() && frees_[f].first == i; ++f)
+      out.event({t0 + kNsPerOp - 1, i, frees_[f].second, EventKind::free});
+  }
+  out.finish();
+}
+
+}  // namespace
+
+void import_pytorch_et(std::string_view json, std::string_view source, TraceSink& out,
+                       const EtImportOptions& opt) {
+  Importer(json, source, opt).run(out);
+}
+
+void import_pytorch_et_file(const std::string& path, TraceSink& out, const EtImportOptions& opt) {
+  std::string data = read_file(path);
+  import_pytorch_et(data, path, out, opt);
+}
+
+}  // namespace u3m::trace
