@@ -1,0 +1,124 @@
+// u3m-seq, the default predictor: per-job sequence replay keyed by op slot,
+// with live-group expansion and a learned job-interleaving model. See
+// docs/prediction.md and Note [u3m-seq] in src/predict/seq.cpp.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "u3m/predict/predictor.hpp"
+
+namespace u3m::predict {
+
+struct SeqParams {
+  // How far ahead (in recorded slots) an observed op may resynchronise the
+  // replay pointer; ops not found within it count as insertions.
+  std::uint32_t resync_window = 64;
+  // Recorded iteration shapes kept per job, keyed by the signature of the
+  // iteration's first op (training steps, prefill and decode steps differ).
+  std::uint32_t records_per_job = 4;
+  // A step that touched every live member of a tensor group (same job, role
+  // and layer; at least min_group members) is recorded as "the live members
+  // of that group", so the replay names tensors born since (new KV blocks).
+  std::uint32_t min_group = 2;
+  // Group members not accessed for this many iterations of their job are
+  // dropped from the group (a stand-in for free events a trace may lack).
+  std::uint32_t stale_iterations = 2;
+  // A run of one job longer than this many times its previous run is taken
+  // as a change of interleaving: the run is then assumed to continue.
+  std::uint32_t overrun_factor = 2;
+};
+
+class SeqPredictor final : public Predictor {
+ public:
+  explicit SeqPredictor(SeqParams p = {});
+  std::string_view name() const override { return "u3m-seq"; }
+  void observe(const Access& a) override;
+  void step_done() override;
+  void predict(std::uint32_t horizon_ops, std::vector<Predicted>& out) override;
+
+ private:
+  static constexpr std::uint32_t kGroupBit = 0x80000000u;
+  struct Slot {
+    std::uint64_t sig;
+    std::uint32_t begin, end;  // into Record::entries
+  };
+  struct Record {
+    std::uint64_t first_sig = 0;
+    std::uint64_t next_sig = 0;  // first op of the iteration that followed it
+    bool has_next = false;
+    std::uint64_t used = 0;        // for replacement
+    std::uint32_t iter_count = 0;  // the job's iteration count when recorded
+    std::vector<Slot> slots;
+    std::vector<std::uint32_t> entries;  // tensor index, or kGroupBit | group index
+  };
+  struct Job {
+    bool started = false;
+    std::uint32_t iteration = 0;
+    std::uint32_t iter_count = 0;  // iterations seen, for staleness
+    std::vector<Record> records;
+    Record cur;
+    int ref = -1;                      // record replayed this iteration, -1 if none
+    std::uint32_t pos = 0;             // next expected slot in records[ref]
+    std::uint64_t last_run = 0;        // length of its previous run of consecutive steps
+    std::uint32_t last_run_iters = 0;  // iterations begun in that run
+    bool last_aligned = false, prev_aligned = false;  // its last two runs began an iteration
+    std::uint32_t succ = UINT32_MAX;                  // job that ran after its previous run
+  };
+  struct Group {
+    std::uint32_t job = 0;
+    std::uint32_t born_iter = 0;  // its job's iteration count when it was created
+    std::vector<std::uint32_t> members;
+    std::uint32_t touched = 0;  // members touched in the current step
+    std::uint64_t touch_stamp = 0;
+  };
+  struct TensorState {
+    std::uint32_t group = UINT32_MAX;
+    std::uint32_t slot_in_group = UINT32_MAX;
+    std::uint32_t last_iter = 0;  // job iteration count of its last access
+    std::uint64_t step_stamp = UINT64_MAX;
+    bool dead = false;                      // freed and not allocated since
+    bool reborn = false;                    // has been allocated again after a free
+    std::uint32_t alloc_iter = UINT32_MAX;  // iteration count of the allocating op's job
+  };
+
+  Job& job(std::uint32_t j);
+  void begin_step(const Access& a);
+  void start_iteration(Job& jb, std::uint64_t first_sig);
+  void join_group(std::uint32_t t, const Access& a);
+  void leave_group(std::uint32_t t);
+  void emit_slot(const Record& r, const Slot& s, std::uint32_t ahead, std::vector<Predicted>& out);
+  bool fresh(std::uint32_t t, const Group& g) const;
+  int find_record(const Job& jb, std::uint64_t first_sig) const;
+  void store_record(Job& jb, std::uint64_t next_first_sig);
+
+  SeqParams p_;
+  std::vector<Job> jobs_;
+  std::vector<TensorState> ts_;
+  std::vector<Group> groups_;
+  std::unordered_map<std::uint64_t, std::uint32_t> group_index_;
+  // Current step.
+  std::uint64_t step_ = UINT64_MAX;
+  std::uint32_t step_job_ = 0;
+  std::uint64_t step_sig_ = 0;
+  std::vector<std::uint32_t> step_tensors_;
+  std::vector<std::uint32_t> step_groups_;
+  bool open_ = false;
+  // Interleaving: the current run of consecutive steps of one job.
+  std::uint32_t run_job_ = UINT32_MAX;
+  std::uint64_t run_len_ = 0;
+  std::uint32_t run_iters_ = 0;  // iterations begun in the current run
+  bool run_aligned_ = false;     // the current run began with an iteration
+  std::uint64_t uses_ = 0;
+  // predict() scratch.
+  std::vector<std::uint32_t> out_stamp_;
+  std::uint32_t out_stamp_now_ = 0;
+  struct Cursor {
+    int rec;
+    std::uint32_t pos;
+  };
+  std::vector<Cursor> cursors_;
+};
+
+}  // namespace u3m::predict

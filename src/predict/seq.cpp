@@ -1,0 +1,307 @@
+// u3m-seq: the default predictor.
+//
+// Note [u3m-seq]
+// Mixed training+serving streams are interleavings of a few jobs, and each
+// job is highly regular *in its own op sequence*: a training step repeats
+// the previous one; a decode step repeats the previous decode step, except
+// that each request's KV blocks are new tensors. A global recency or reuse
+// model (lru, markov-reuse, the design's EMA) blurs the jobs together, and a
+// global replay (trace-replay) breaks at the first interleaving change. So:
+// 1. Per job, per iteration shape: the op steps of the job's last iteration
+//    are recorded as slots (op signature + tensors read/written). Shapes are
+//    keyed by the signature of the iteration's first op, so a job that
+//    alternates kinds of iteration (train/generate, prefill/decode) keeps one
+//    record per kind ("mode detection per job" without thresholds).
+// 2. A replay pointer per job follows the job's ops through the record,
+//    resynchronising on the op signature within resync_window slots, so
+//    inserted or skipped ops (a prefill inside a decode step) do not derail it.
+// 3. Live groups: tensors are grouped by (job, role, layer). A step that
+//    touched every live member of a group also records "the group's live
+//    members" (once the group is older than the current iteration);
+//    replaying it names members born since (the KV blocks of
+//    requests that arrived after the recorded step). This is "the op at this
+//    slot reads the KV blocks of the live requests for this layer", learned
+//    rather than hard-coded.
+// 4. Lifetimes: a freed tensor is replayed only if it has been re-allocated
+//    after a free before, or was allocated in the recorded iteration
+//    (activations are, every step; the KV blocks of a finished request, born
+//    iterations earlier, never come back).
+// 5. Interleaving: the global stream is a sequence of runs of one job. Each
+//    job's previous run and successor predict how the next H steps split
+//    between jobs. A job whose last two runs each began with an iteration
+//    (time-sharing at iteration granularity, e.g. one training step, then N
+//    serving steps) is predicted to run for as many iterations as last time,
+//    whatever their op counts; otherwise for as many op steps as last time.
+//    A run far longer than its predecessor is taken to continue.
+// Everything is O(1) amortised per event; predict() is O(H + answer).
+#include "u3m/predict/seq.hpp"
+
+#include <xxhash.h>
+
+namespace u3m::predict {
+
+SeqPredictor::SeqPredictor(SeqParams p) : p_(p) {}
+
+SeqPredictor::Job& SeqPredictor::job(std::uint32_t j) {
+  if (j >= jobs_.size()) jobs_.resize(j + 1);
+  return jobs_[j];
+}
+
+bool SeqPredictor::fresh(std::uint32_t t, const Group& g) const {
+  return ts_[t].last_iter + p_.stale_iterations >= jobs_[g.job].iter_count;
+}
+
+int SeqPredictor::find_record(const Job& jb, std::uint64_t first_sig) const {
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
+    if (jb.records[i].first_sig == first_sig) return i;
+  // No record of this shape: the most recently used one is the best guess.
+  for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
+    if (best < 0 || jb.records[i].used > jb.records[best].used) best = i;
+  return best;
+}
+
+void SeqPredictor::store_record(Job& jb, std::uint64_t next_first_sig) {
+  if (jb.cur.slots.empty()) return;
+  jb.cur.next_sig = next_first_sig;
+  jb.cur.has_next = true;
+  jb.cur.used = ++uses_;
+  int slot = -1;
+  for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
+    if (jb.records[i].first_sig == jb.cur.first_sig) slot = i;
+  if (slot < 0 && jb.records.size() < p_.records_per_job) {
+    jb.records.push_back(std::move(jb.cur));
+  } else {
+    if (slot < 0) {  // evict the least recently used shape
+      slot = 0;
+      for (int i = 1; i < static_cast<int>(jb.records.size()); ++i)
+        if (jb.records[i].used < jb.records[slot].used) slot = i;
+    }
+    jb.records[slot] = std::move(jb.cur);
+  }
+  jb.cur = Record{};
+}
+
+void SeqPredictor::start_iteration(Job& jb, std::uint64_t first_sig) {
+  jb.cur = Record{};
+  jb.cur.first_sig = first_sig;
+  jb.cur.iter_count = jb.iter_count;
+  jb.ref = find_record(jb, first_sig);
+  jb.pos = 0;
+  if (jb.ref >= 0) jb.records[jb.ref].used = ++uses_;
+}
+
+void SeqPredictor::begin_step(const Access& a) {
+  if (open_) step_done();
+  open_ = true;
+  step_ = a.step;
+  step_job_ = a.job;
+  step_sig_ = a.op_sig;
+  Job& jb = job(a.job);
+  if (a.job != run_job_) {
+    if (run_job_ != UINT32_MAX) {
+      Job& prev = jobs_[run_job_];
+      prev.last_run = run_len_;
+      prev.last_run_iters = run_iters_;
+      prev.prev_aligned = prev.last_aligned;
+      prev.last_aligned = run_aligned_;
+      prev.succ = a.job;
+    }
+    run_job_ = a.job;
+    run_len_ = 0;
+    run_iters_ = 0;
+    run_aligned_ = false;
+  }
+  ++run_len_;
+  if (!jb.started || a.iteration != jb.iteration) {
+    ++run_iters_;
+    if (run_len_ == 1) run_aligned_ = true;
+    if (jb.started) store_record(jb, a.op_sig);
+    jb.started = true;
+    jb.iteration = a.iteration;
+    ++jb.iter_count;
+    start_iteration(jb, a.op_sig);
+  }
+  if (jb.ref >= 0) {  // follow the record, resynchronising on the signature
+    const Record& r = jb.records[jb.ref];
+    std::size_t end = std::min<std::size_t>(r.slots.size(), jb.pos + p_.resync_window);
+    for (std::size_t k = jb.pos; k < end; ++k)
+      if (r.slots[k].sig == a.op_sig) {
+        jb.pos = static_cast<std::uint32_t>(k + 1);
+        break;
+      }
+  }
+  auto at = static_cast<std::uint32_t>(jb.cur.entries.size());
+  jb.cur.slots.push_back({a.op_sig, at, at});
+}
+
+void SeqPredictor::join_group(std::uint32_t t, const Access& a) {
+  TensorState& s = ts_[t];
+  s.last_iter = job(a.tensor_job).iter_count;
+  if (s.group != UINT32_MAX) return;
+  struct {
+    std::uint32_t job;
+    std::int32_t layer;
+    std::uint8_t role;
+  } k{a.tensor_job, a.tensor_layer, static_cast<std::uint8_t>(a.role)};
+  std::uint64_t key = XXH64(&k, sizeof k, 0);
+  auto [it, inserted] = group_index_.try_emplace(key, static_cast<std::uint32_t>(groups_.size()));
+  if (inserted) {
+    groups_.emplace_back();
+    groups_.back().job = a.tensor_job;
+    groups_.back().born_iter = jobs_[a.tensor_job].iter_count;
+  }
+  Group& g = groups_[it->second];
+  s.group = it->second;
+  s.slot_in_group = static_cast<std::uint32_t>(g.members.size());
+  g.members.push_back(t);
+}
+
+void SeqPredictor::leave_group(std::uint32_t t) {
+  TensorState& s = ts_[t];
+  if (s.group == UINT32_MAX) return;
+  Group& g = groups_[s.group];
+  std::uint32_t last = g.members.back();
+  g.members[s.slot_in_group] = last;
+  ts_[last].slot_in_group = s.slot_in_group;
+  g.members.pop_back();
+  s.group = s.slot_in_group = UINT32_MAX;
+}
+
+void SeqPredictor::observe(const Access& a) {
+  track_time(a);
+  if (!open_ || a.step != step_) begin_step(a);
+  if (a.tensor >= ts_.size()) ts_.resize(a.tensor + 1);
+  TensorState& s = ts_[a.tensor];
+  if (a.kind == trace::EventKind::free) {
+    s.dead = true;
+    leave_group(a.tensor);
+    return;
+  }
+  if (s.dead) {
+    s.dead = false;
+    s.reborn = true;
+  }
+  if (a.kind == trace::EventKind::alloc) s.alloc_iter = jobs_[a.job].iter_count;
+  join_group(a.tensor, a);
+  if (!is_access(a.kind)) return;
+  if (s.step_stamp == step_) return;
+  s.step_stamp = step_;
+  step_tensors_.push_back(a.tensor);
+  Group& g = groups_[s.group];
+  if (g.touch_stamp != step_ + 1) {  // +1: stamp 0 means never
+    g.touch_stamp = step_ + 1;
+    g.touched = 0;
+    step_groups_.push_back(s.group);
+  }
+  ++g.touched;
+}
+
+void SeqPredictor::step_done() {
+  if (!open_) return;
+  open_ = false;
+  Record& rec = jobs_[step_job_].cur;
+  for (std::uint32_t t : step_tensors_) rec.entries.push_back(t);
+  for (std::uint32_t gi : step_groups_) {
+    Group& g = groups_[gi];
+    if (g.touched < p_.min_group) continue;
+    if (g.touched != g.members.size() && 2 * g.touched >= g.members.size()) {
+      // Drop members that stopped being used (traces without free events).
+      for (std::size_t i = 0; i < g.members.size();)
+        if (!fresh(g.members[i], g))
+          leave_group(g.members[i]);
+        else
+          ++i;
+    }
+    // A group still being discovered (created in this iteration) is not yet
+    // known to be whole: touching all of it proves nothing.
+    if (g.touched == g.members.size() && g.born_iter < jobs_[g.job].iter_count)
+      rec.entries.push_back(kGroupBit | gi);
+  }
+  rec.slots.back().end = static_cast<std::uint32_t>(rec.entries.size());
+  step_tensors_.clear();
+  step_groups_.clear();
+}
+
+void SeqPredictor::emit_slot(const Record& r, const Slot& s, std::uint32_t ahead,
+                             std::vector<Predicted>& out) {
+  auto put = [&](std::uint32_t t) {
+    if (out_stamp_[t] == out_stamp_now_) return;
+    out_stamp_[t] = out_stamp_now_;
+    out.push_back({t, ahead});
+  };
+  for (std::uint32_t k = s.begin; k < s.end; ++k) {
+    std::uint32_t e = r.entries[k];
+    if (!(e & kGroupBit)) {
+      // A freed tensor comes back if it has come back before, or if it was
+      // born in the recorded iteration (training activations), not if it
+      // outlived it (a finished request's KV blocks).
+      const TensorState& s = ts_[e];
+      if (!s.dead || s.reborn || s.alloc_iter == r.iter_count) put(e);
+      continue;
+    }
+    const Group& g = groups_[e & ~kGroupBit];
+    for (std::uint32_t m : g.members)
+      if (fresh(m, g)) put(m);
+  }
+}
+
+void SeqPredictor::predict(std::uint32_t horizon, std::vector<Predicted>& out) {
+  out.clear();
+  if (run_job_ == UINT32_MAX) return;
+  if (out_stamp_.size() < ts_.size()) out_stamp_.resize(ts_.size(), 0);
+  if (++out_stamp_now_ == 0) {  // wrapped: clear so old stamps cannot collide
+    std::fill(out_stamp_.begin(), out_stamp_.end(), 0);
+    out_stamp_now_ = 1;
+  }
+  cursors_.resize(jobs_.size());
+  for (std::size_t j = 0; j < jobs_.size(); ++j) cursors_[j] = {jobs_[j].ref, jobs_[j].pos};
+
+  // How long each run lasts: in iterations (wraps of the job's record) for
+  // iteration-aligned jobs, else in op steps; -1 = unlimited.
+  struct RunSpec {
+    std::uint64_t ops;
+    std::int64_t wraps;
+  };
+  auto spec = [&](std::uint32_t j, bool current) -> RunSpec {
+    const Job& jb = jobs_[j];
+    const std::uint64_t done = current ? run_len_ : 0;
+    if (jb.last_run == 0 || done > p_.overrun_factor * jb.last_run)
+      return {horizon, -1};  // alone so far, or the interleaving changed: it goes on
+    if (jb.last_aligned && jb.prev_aligned && (!current || run_aligned_) && cursors_[j].rec >= 0) {
+      std::int64_t left = std::int64_t(jb.last_run_iters) - (current ? run_iters_ : 0);
+      return {horizon, left < 0 ? -1 : left};
+    }
+    return {jb.last_run > done ? jb.last_run - done : 0, -1};
+  };
+  std::uint32_t j = run_job_;
+  std::uint32_t start = 0, empty_runs = 0;  // start: steps ahead where the run begins
+  bool current = true;
+  while (start < horizon && empty_runs <= jobs_.size()) {
+    const RunSpec rs = spec(j, current);
+    current = false;
+    const Job& jb = jobs_[j];
+    std::uint32_t ahead = start;
+    std::uint64_t i = 0;
+    std::int64_t wraps = 0;
+    for (; i < rs.ops && ahead < horizon; ++i, ++ahead) {
+      Cursor& c = cursors_[j];
+      if (c.rec < 0) continue;  // nothing recorded for this job yet
+      const Record* r = &jb.records[c.rec];
+      if (c.pos >= r->slots.size()) {                   // into the job's next iteration
+        if (rs.wraps >= 0 && wraps >= rs.wraps) break;  // the run ends with the iteration
+        ++wraps;
+        int next = r->has_next ? find_record(jb, r->next_sig) : c.rec;
+        c = {next, 0};
+        r = &jb.records[next];
+      }
+      emit_slot(*r, r->slots[c.pos++], ahead, out);
+    }
+    empty_runs = i == 0 ? empty_runs + 1 : 0;
+    start = ahead;
+    std::uint32_t nj = jb.succ;
+    j = nj == UINT32_MAX || nj >= jobs_.size() ? j : nj;
+  }
+}
+
+}  // namespace u3m::predict
