@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make demo`: the main job on embedded defaults. Uses only this repository
+# (data/ and the built binary), never ../shared.
+#   1. generate a mixed training+serving workload of the design's model
+#   2. import a real PyTorch Execution Trace (ResNet, data/pytorch-et)
+#   3. capture a real PyTorch RLHF-style run on this CPU (python/u3m_capture)
+#   4. evaluate every access predictor on all three
+set -euo pipefail
+U3M=${1:-build/release/apps/u3m/u3m}
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${U3M_DEMO_DIR:-$(mktemp -d /tmp/u3m-demo.XXXXXX)}
+mkdir -p "$out"
+section() { printf '\n==== %s\n\n' "$*"; }
+
+section "1. Generated mixed workload: llama2-13b training + serving time-shared on one device (nominal roofline times)"
+"$U3M" trace gen --model llama2-13b --workload mixed --pattern timeshare --requests 16 -o "$out/mixed.u3mt"
+"$U3M" trace stats "$out/mixed.u3mt" | sed '/^op classes/,$d'
+
+section "2. Real PyTorch Execution Trace: ResNet training, 3 iterations (data/pytorch-et, MIT)"
+"$U3M" trace import "$root/data/pytorch-et/resnet_et.json.gz" -o "$out/resnet.u3mt"
+"$U3M" trace stats "$out/resnet.u3mt" | sed '/^op classes/,$d'
+
+section "3. Real capture: RLHF-style loop (generate rollouts, then train) of a small LLaMA-shaped model, measured on this CPU"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  PYTHONPATH="$root/python" /usr/bin/python3 -m u3m_capture rlhf --rounds 3 -o "$out/rlhf.jsonl"
+  "$U3M" trace import "$out/rlhf.jsonl" -o "$out/rlhf.u3mt"
+  "$U3M" trace stats "$out/rlhf.u3mt" | sed '/^op classes/,$d'
+  traces=("$out/mixed.u3mt" "$out/resnet.u3mt" "$out/rlhf.u3mt")
+else
+  echo "skipped: /usr/bin/python3 cannot import torch (run scripts/install-deps.sh)"
+  traces=("$out/mixed.u3mt" "$out/resnet.u3mt")
+fi
+
+section "4. Access prediction on each trace (horizon 64 op steps; see docs/prediction.md)"
+for t in "${traces[@]}"; do
+  "$U3M" predict eval "$t"
+  echo
+done
+echo "demo files in $out"
