@@ -8,6 +8,19 @@ namespace u3m::trace {
 
 TensorId stable_id(std::string_view name) { return XXH64(name.data(), name.size(), 0); }
 
+Tensor make_tensor(std::string name, std::uint64_t bytes, DType dtype, Role role,
+                   std::int32_t layer, std::uint32_t job) {
+  Tensor t;
+  t.id = stable_id(name);
+  t.name = std::move(name);
+  t.bytes = bytes;
+  t.dtype = dtype;
+  t.role = role;
+  t.layer = layer;
+  t.job = job;
+  return t;
+}
+
 void Trace::replay(TraceSink& out) const {
   // Interleave records so every reference is declared before use: walk the
   // events and declare jobs, tensors and ops lazily, in index order.

@@ -12,14 +12,7 @@ std::uint32_t Emitter::job(std::string_view name) {
 
 std::uint32_t Emitter::declare(std::string name, std::uint64_t bytes, DType dtype, Role role,
                                std::int32_t layer, std::uint32_t job, bool persistent) {
-  trace::Tensor t;
-  t.id = trace::stable_id(name);
-  t.name = std::move(name);
-  t.bytes = bytes;
-  t.dtype = dtype;
-  t.role = role;
-  t.layer = layer;
-  t.job = job;
+  trace::Tensor t = trace::make_tensor(std::move(name), bytes, dtype, role, layer, job);
   out_.tensor(t);
   tensors_.push_back({bytes, persistent});
   return static_cast<std::uint32_t>(tensors_.size() - 1);

@@ -17,10 +17,7 @@ inline Trace sample_trace() {
   t.job("train-0");
   t.job("infer-0");
   auto add_tensor = [&](std::string name, std::uint64_t bytes, DType d, Role r, int layer,
-                        std::uint32_t job) {
-    Tensor x{stable_id(name), name, bytes, d, r, layer, job};
-    t.tensor(x);
-  };
+                        std::uint32_t job) { t.tensor(make_tensor(name, bytes, d, r, layer, job)); };
   add_tensor("train-0.layer_0.attn.q_proj.weight", 8192, DType::f16, Role::param, 0, 0);
   add_tensor("train-0.layer_0.attn.q_proj.out", 1 << 20, DType::bf16, Role::activation, 0, 0);
   add_tensor("infer-0.req_3.layer_1.kv.blk_0", 65536, DType::f16, Role::kv, 1, 1);

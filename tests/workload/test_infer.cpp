@@ -14,15 +14,9 @@ namespace u3m::workload {
 namespace {
 
 using testing::CheckingSink;
+using testing::Generated;
 using trace::EventKind;
 using trace::Role;
-
-struct Generated {
-  CheckingSink check;
-  CountingSink count{&check};
-  GenResult result;
-  const trace::Trace& t() const { return check.t; }
-};
 
 std::unique_ptr<Generated> serve(const ModelShape& s, const InferConfig& c, RequestSource& src) {
   auto g = std::make_unique<Generated>();

@@ -2,6 +2,8 @@
 // arrives and keeps the trace for later inspection.
 #pragma once
 
+#include "u3m/workload/generate.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -72,6 +74,14 @@ class CheckingSink final : public trace::TraceSink {
   }
   std::vector<std::uint8_t> alive_;
   std::uint64_t last_ns_ = 0;
+};
+
+// A generator's output: checked for reference and lifetime errors, counted.
+struct Generated {
+  CheckingSink check;
+  CountingSink count{&check};
+  GenResult result;
+  const trace::Trace& t() const { return check.t; }
 };
 
 }  // namespace u3m::workload::testing

@@ -70,6 +70,10 @@ struct Tensor {
   std::uint32_t job = 0;  // index into Trace::jobs
 };
 
+// A tensor record whose id is xxh64 of its name (Note [Stable identity]).
+Tensor make_tensor(std::string name, std::uint64_t bytes, DType dtype, Role role,
+                   std::int32_t layer = kNoLayer, std::uint32_t job = 0);
+
 struct Op {
   std::string name;  // e.g. "aten::mm" or "layer_3.attn.q_proj"
   OpClass cls = OpClass::other;
