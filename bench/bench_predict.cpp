@@ -1,12 +1,16 @@
 // Per-event cost of each access predictor (measured; run on the machine you
-// want figures for). Two cases per predictor:
+// want figures for). Three cases per predictor, each fed the whole trace:
 //   observe/NAME   observe() every event + step_done() every op step: the
 //                  cost of keeping the predictor current;
-//   query64/NAME   the same plus predict(64) before every op step, i.e. what
-//                  `u3m predict eval` times and what a policy asking for the
-//                  full 64-op set at every op would pay.
+//   window64/NAME  the same plus predict_window_delta(64) before every op
+//                  step: what a policy that keeps its own schedule pays
+//                  (Note [Window delta] in predictor.hpp);
+//   full64/NAME    the same plus predict(64) before every op step: the whole
+//                  64-step set recomputed at every op (what `u3m predict eval`
+//                  times by default).
 // The "time_per_event" counter is CPU time divided by events fed. Use
-// --benchmark_repetitions=N to get the median.
+// --benchmark_repetitions=N --benchmark_report_aggregates_only=true to get
+// the median.
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -35,7 +39,9 @@ const TraceFeed& bench_feed() {
   return feed;
 }
 
-void run(benchmark::State& state, const std::string& name, bool query) {
+enum class Query { none, window, full };
+
+void run(benchmark::State& state, const std::string& name, Query query) {
   const TraceFeed& feed = bench_feed();
   std::vector<Access> events;
   std::vector<std::size_t> step_end;
@@ -45,6 +51,7 @@ void run(benchmark::State& state, const std::string& name, bool query) {
     step_end.push_back(events.size());
   }
   std::vector<Predicted> out;
+  std::vector<std::uint32_t> left;
   std::size_t answered = 0;
   for (auto _ : state) {
     state.PauseTiming();
@@ -52,8 +59,11 @@ void run(benchmark::State& state, const std::string& name, bool query) {
     state.ResumeTiming();
     std::size_t i = 0;
     for (std::size_t end : step_end) {
-      if (query) {
+      if (query == Query::full) {
         p->predict(64, out);
+        answered += out.size();
+      } else if (query == Query::window) {
+        p->predict_window_delta(64, out, left);
         answered += out.size();
       }
       for (; i < end; ++i) p->observe(events[i]);
@@ -66,19 +76,19 @@ void run(benchmark::State& state, const std::string& name, bool query) {
       static_cast<double>(events.size()),
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.counters["events"] = static_cast<double>(events.size());
-  if (query)
+  if (query != Query::none)
     state.counters["answer_per_step"] =
         double(answered) / double(state.iterations()) / double(step_end.size());
 }
 
 int register_all = [] {
   for (const std::string& n : predictor_names()) {
-    benchmark::RegisterBenchmark(("observe/" + n).c_str(), [n](benchmark::State& s) {
-      run(s, n, false);
-    })->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("query64/" + n).c_str(), [n](benchmark::State& s) {
-      run(s, n, true);
-    })->Unit(benchmark::kMillisecond);
+    for (auto [label, q] :
+         {std::pair{"observe/", Query::none}, std::pair{"window64/", Query::window},
+          std::pair{"full64/", Query::full}})
+      benchmark::RegisterBenchmark((label + n).c_str(), [n, q = q](benchmark::State& s) {
+        run(s, n, q);
+      })->Unit(benchmark::kMillisecond);
   }
   return 0;
 }();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "u3m/predict/diagnose.hpp"
 #include "u3m/predict/eval.hpp"
 #include "u3m/predict/predictor.hpp"
 #include "u3m/trace/io.hpp"
@@ -26,6 +28,8 @@ struct PredictEvalArgs {
   std::uint32_t horizon = 64;
   std::uint32_t warmup_iterations = 1;
   bool json = false;
+  bool diagnose = false;
+  bool window_delta = false;
 };
 
 std::string machine() {
@@ -66,6 +70,11 @@ void run_eval(const PredictEvalArgs& a) {
   predict::EvalOptions opt;
   opt.horizons = {8, a.horizon};
   opt.warmup_iterations = a.warmup_iterations;
+  if (a.window_delta) {  // the policy's view, scored at the headline horizon only
+    opt.window_delta = a.horizon;
+    opt.horizons = {a.horizon};
+    opt.iteration_horizon = false;
+  }
   const std::string headline = std::to_string(a.horizon);
 
   std::map<std::string, predict::EvalResult> pooled;
@@ -77,7 +86,18 @@ void run_eval(const PredictEvalArgs& a) {
     nlohmann::json pj = nlohmann::json::object();
     for (const auto& n : names) {
       auto p = predict::make_predictor(n, &feed);
-      rs.push_back(predict::evaluate(feed, *p, opt));
+      std::unique_ptr<predict::Diagnoser> diag;
+      predict::EvalOptions o = opt;
+      if (a.diagnose) {
+        diag = std::make_unique<predict::Diagnoser>(feed, a.horizon);
+        o.on_decision = [&](std::size_t k, const std::vector<predict::Predicted>& out, bool warm) {
+          diag->on_decision(k, out, warm);
+        };
+      }
+      rs.push_back(predict::evaluate(feed, *p, o));
+      if (diag)
+        fmt::print("\n{} on {}: error breakdown (computed from the trace)\n{}", n, path,
+                   diag->report());
       predict::accumulate(pooled[n], rs.back());
       pj[n] = predict::to_json(rs.back(), headline);
     }
@@ -145,6 +165,12 @@ void add_predict_commands(CLI::App& app) {
   eval->add_option("--warmup-iterations", args->warmup_iterations,
                    "Leading iterations of each job excluded from the headline (reported)");
   eval->add_flag("--json", args->json, "Print one JSON object");
+  eval->add_flag("--window-delta", args->window_delta,
+                 "Score the window a policy builds from predict_window_delta (entered/left) at "
+                 "the headline horizon, and time that call instead of predict()");
+  eval->add_flag("--diagnose", args->diagnose,
+                 "Also print, per predictor and trace, where the false-positive and missed bytes "
+                 "at the headline horizon are (docs/prediction.md, \"Diagnosis\"); slow");
   eval->callback([args] { run_eval(*args); });
 }
 

@@ -147,7 +147,11 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
   };
   std::vector<JobTrack> jobs(tr.jobs.size() + 1);
 
-  std::vector<Predicted> out;
+  std::vector<Predicted> out, entered;
+  std::vector<std::uint32_t> left;
+  constexpr std::uint32_t kNone = UINT32_MAX;
+  std::vector<std::uint32_t> win, win_pos(nt, kNone);  // window_delta: the held set
+  std::vector<std::uint64_t> win_at(nt, 0);            // its predicted step at entry
   std::vector<Access> step_events;
   std::vector<std::size_t> seen_stamp(nt, kNever);  // dedups P per decision
   std::vector<bool> known_added(nt, false);
@@ -177,9 +181,34 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
 
     // Decision point before step k.
     auto t0 = Clock::now();
-    pred.predict(ask, out);
+    if (opt.window_delta)
+      pred.predict_window_delta(opt.window_delta, entered, left);
+    else
+      pred.predict(ask, out);
     auto t1 = Clock::now();
     ns += std::chrono::duration<double, std::nano>(t1 - t0).count();
+    if (opt.window_delta) {  // the policy's window, kept from the deltas
+      for (std::uint32_t t : left)
+        if (t < nt && win_pos[t] != kNone) {
+          win_pos[win.back()] = win_pos[t];
+          win[win_pos[t]] = win.back();
+          win.pop_back();
+          win_pos[t] = kNone;
+        }
+      for (const Predicted& p : entered)
+        if (p.tensor < nt) {
+          if (win_pos[p.tensor] == kNone) {
+            win_pos[p.tensor] = static_cast<std::uint32_t>(win.size());
+            win.push_back(p.tensor);
+          }
+          win_at[p.tensor] = k + p.ops_ahead;
+        }
+      out.clear();
+      for (std::uint32_t t : win)
+        out.push_back({t, static_cast<std::uint32_t>(std::min<std::uint64_t>(
+                              win_at[t] > k ? win_at[t] - k : 0, opt.window_delta - 1))});
+    }
+    if (opt.on_decision) opt.on_decision(k, out, warm);
 
     for (auto& c : cur) c = HorizonSums{};
     auto score = [&](std::size_t hi, std::uint32_t h) {

@@ -22,6 +22,22 @@ void Predictor::track_time(const Access& a) {
   last_step_time_ = a.time_ns;
 }
 
+void Predictor::predict_window_delta(std::uint32_t horizon, std::vector<Predicted>& entered,
+                                     std::vector<std::uint32_t>& left) {
+  entered.clear();
+  left.clear();
+  std::swap(delta_prev_, delta_full_);
+  predict(horizon, delta_full_);
+  const std::uint64_t gen = ++delta_gen_;
+  for (const Predicted& p : delta_full_) {
+    if (p.tensor >= delta_mark_.size()) delta_mark_.resize(p.tensor + 1, 0);
+    if (delta_mark_[p.tensor] + 1 != gen) entered.push_back(p);  // not in the previous answer
+    delta_mark_[p.tensor] = gen;
+  }
+  for (const Predicted& p : delta_prev_)
+    if (delta_mark_[p.tensor] != gen) left.push_back(p.tensor);
+}
+
 std::uint64_t op_signature(const trace::Op& op) {
   struct {
     std::uint8_t cls, phase;

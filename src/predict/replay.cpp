@@ -5,17 +5,23 @@
 // parameters during one step, prefetches by position in that record in later
 // steps, and invalidates the record (and re-records) when the observed order
 // diverges. Here, with ops in place of submodules:
-// - an iteration is delimited by the `iteration` field of the first job seen
-//   (the "anchor" job; DeepSpeed's trace is per training step, and whatever
-//   else shares the device shows up inside it);
-// - recording: one iteration's op steps, each with its signature and the
-//   tensors it read or wrote;
-// - replaying: position p in the record; the next H predicted steps are
-//   slots p, p+1, ... wrapping into the next iteration;
+// - one coordinator per job: DeepSpeed's trace lives inside the training
+//   process, so a co-located serving process cannot perturb its record or
+//   its position; each job's own ops advance its own pointer, and an
+//   iteration is delimited by that job's `iteration` field (a single global
+//   record, anchored on one job, would be invalidated by every interleaving
+//   change: a strawman, not what ZeRO-3 does when co-located);
+// - recording: one iteration of the job's op steps, each with its signature
+//   and the tensors it read or wrote;
+// - replaying: position p in the running job's record; the next H predicted
+//   steps are its slots p, p+1, ... wrapping into its next iteration (the
+//   coordinator knows nothing of the other jobs, so it predicts as if its
+//   job ran alone; jobs not running now predict nothing, as a coordinator
+//   prefetches only from inside its own forward/backward hooks);
 // - divergence (an op whose signature differs from the slot's, or an
-//   iteration of a different length) invalidates the record: nothing is
-//   predicted until a fresh record is complete, as ZeRO-3 falls back to
-//   fetching on demand.
+//   iteration of a different length) invalidates the job's record: nothing
+//   is predicted for it until a fresh record is complete, as ZeRO-3 falls
+//   back to fetching on demand.
 #include "predictors_impl.hpp"
 
 namespace u3m::predict {
@@ -27,25 +33,28 @@ class TraceReplayPredictor final : public Predictor {
   void observe(const Access& a) override {
     track_time(a);
     if (a.step != step_ || !started_) begin_step(a);
-    if (mode_ == Mode::recording && is_access(a.kind)) {
+    Coord& c = jobs_[a.job];
+    if (c.mode == Mode::recording && is_access(a.kind)) {
       if (a.tensor >= stamp_.size()) stamp_.resize(a.tensor + 1, UINT64_MAX);
       if (stamp_[a.tensor] != a.step) {
         stamp_[a.tensor] = a.step;
-        building_.entries.push_back(a.tensor);
-        building_.slots.back().end = static_cast<std::uint32_t>(building_.entries.size());
+        c.building.entries.push_back(a.tensor);
+        c.building.slots.back().end = static_cast<std::uint32_t>(c.building.entries.size());
       }
     }
   }
   void predict(std::uint32_t horizon, std::vector<Predicted>& out) override {
     out.clear();
-    if (mode_ != Mode::valid || record_.slots.empty()) return;
+    if (!started_) return;
+    const Coord& c = jobs_[job_];
+    if (c.mode != Mode::valid || c.record.slots.empty()) return;
     if (out_stamp_.size() < stamp_.size()) out_stamp_.resize(stamp_.size(), 0);
     ++out_now_;
-    std::size_t n = record_.slots.size();
+    std::size_t n = c.record.slots.size();
     for (std::uint32_t i = 0; i < horizon; ++i) {
-      const Slot& s = record_.slots[(pos_ + i) % n];
+      const Slot& s = c.record.slots[(c.pos + i) % n];
       for (std::uint32_t k = s.begin; k < s.end; ++k) {
-        std::uint32_t t = record_.entries[k];
+        std::uint32_t t = c.record.entries[k];
         if (out_stamp_[t] == out_now_) continue;
         out_stamp_[t] = out_now_;
         out.push_back({t, i});
@@ -67,58 +76,65 @@ class TraceReplayPredictor final : public Predictor {
       entries.clear();
     }
   };
+  struct Coord {  // one job's coordinator
+    bool started = false;
+    std::uint32_t iteration = 0;
+    Mode mode = Mode::recording;
+    Record record, building;
+    std::size_t pos = 0;
+  };
 
   void begin_step(const Access& a) {
+    started_ = true;
     step_ = a.step;
-    if (!started_) {
-      started_ = true;
-      anchor_job_ = a.job;
-      anchor_iter_ = a.iteration;
-      mode_ = Mode::recording;
-    } else if (a.job == anchor_job_ && a.iteration != anchor_iter_) {
-      anchor_iter_ = a.iteration;
-      boundary();
+    job_ = a.job;
+    if (a.job >= jobs_.size()) jobs_.resize(a.job + 1);
+    Coord& c = jobs_[a.job];
+    if (!c.started) {
+      c.started = true;
+      c.iteration = a.iteration;
+    } else if (a.iteration != c.iteration) {
+      c.iteration = a.iteration;
+      boundary(c);
     }
-    if (mode_ == Mode::valid) {
-      if (pos_ < record_.slots.size() && record_.slots[pos_].sig == a.op_sig)
-        ++pos_;
+    if (c.mode == Mode::valid) {
+      if (c.pos < c.record.slots.size() && c.record.slots[c.pos].sig == a.op_sig)
+        ++c.pos;
       else
-        mode_ = Mode::invalid;  // diverged: on-demand until re-recorded
+        c.mode = Mode::invalid;  // diverged: on-demand until re-recorded
     }
-    if (mode_ == Mode::recording) {
-      auto at = static_cast<std::uint32_t>(building_.entries.size());
-      building_.slots.push_back({a.op_sig, at, at});
+    if (c.mode == Mode::recording) {
+      auto at = static_cast<std::uint32_t>(c.building.entries.size());
+      c.building.slots.push_back({a.op_sig, at, at});
     }
   }
-  void boundary() {
-    switch (mode_) {
+  static void boundary(Coord& c) {
+    switch (c.mode) {
       case Mode::recording:
-        std::swap(record_, building_);
-        building_.clear();
-        mode_ = Mode::valid;
-        pos_ = 0;
+        std::swap(c.record, c.building);
+        c.building.clear();
+        c.mode = Mode::valid;
+        c.pos = 0;
         break;
       case Mode::valid:
-        if (pos_ == record_.slots.size()) {
-          pos_ = 0;
+        if (c.pos == c.record.slots.size()) {
+          c.pos = 0;
         } else {
-          mode_ = Mode::recording;  // a step of another length: re-record
-          building_.clear();
+          c.mode = Mode::recording;  // a step of another length: re-record
+          c.building.clear();
         }
         break;
       case Mode::invalid:
-        mode_ = Mode::recording;
-        building_.clear();
+        c.mode = Mode::recording;
+        c.building.clear();
         break;
     }
   }
 
   bool started_ = false;
-  Mode mode_ = Mode::recording;
-  std::uint32_t anchor_job_ = 0, anchor_iter_ = 0;
   std::uint64_t step_ = 0;
-  Record record_, building_;
-  std::size_t pos_ = 0;
+  std::uint32_t job_ = 0;
+  std::vector<Coord> jobs_;
   std::vector<std::uint64_t> stamp_;
   std::vector<std::uint32_t> out_stamp_;
   std::uint32_t out_now_ = 0;

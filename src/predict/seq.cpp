@@ -33,7 +33,22 @@
 //    serving steps) is predicted to run for as many iterations as last time,
 //    whatever their op counts; otherwise for as many op steps as last time.
 //    A run far longer than its predecessor is taken to continue.
-// Everything is O(1) amortised per event; predict() is O(H + answer).
+// 6. Relocation: an index op signature -> (record, slot) per job lets an
+//    iteration that begins with an op no record begins with (iteration 0
+//    began with a one-off init op), or an op far off the pointer, continue
+//    from where that op was recorded. A job whose ops match nothing recorded
+//    (a kind of iteration never seen) is "lost" and predicts nothing.
+// 7. Replaced transients: a matched step that leaves untouched a tensor the
+//    recorded iteration allocated means the iteration's shapes changed (a
+//    serving batch grew or shrank): the record's transients not seen again
+//    are withheld for the rest of the iteration.
+// 8. Freshness: wrapping into the next iteration of the kind in progress,
+//    the slots already executed in this iteration replace the record's.
+// 9. Successor: the kind of iteration that follows a kind is the most
+//    frequent one seen, not the last (one arrival-driven prefill must not
+//    make every decode step predict a prefill next).
+// Everything is O(1) amortised per event; predict() is O(H + answer);
+// predict_window_delta is O(H) + the entering slots (Note [Incremental window]).
 #include "u3m/predict/seq.hpp"
 
 #include <xxhash.h>
@@ -51,19 +66,40 @@ bool SeqPredictor::fresh(std::uint32_t t, const Group& g) const {
   return ts_[t].last_iter + p_.stale_iterations >= jobs_[g.job].iter_count;
 }
 
-int SeqPredictor::find_record(const Job& jb, std::uint64_t first_sig) const {
+SeqPredictor::Where SeqPredictor::locate(const Job& jb, std::uint64_t sig) const {
+  auto it = jb.where.find(sig);
+  if (it == jb.where.end()) return {-1, 0};
+  const Where w = it->second;  // validate: the record may have been replaced since
+  if (w.rec < static_cast<int>(jb.records.size()) && w.pos < jb.records[w.rec].slots.size() &&
+      jb.records[w.rec].slots[w.pos].sig == sig)
+    return w;
+  return {-1, 0};
+}
+
+SeqPredictor::Where SeqPredictor::find_record(const Job& jb, std::uint64_t first_sig) const {
+  for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
+    if (jb.records[i].first_sig == first_sig) return {i, 0};
+  // No iteration began with this op, but one may contain it (an iteration
+  // whose recorded first op was a one-off, e.g. the job's init).
+  if (Where w = locate(jb, first_sig); w.rec >= 0) return w;
+  // Else the most recently used shape is the best guess.
   int best = -1;
   for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
-    if (jb.records[i].first_sig == first_sig) return i;
-  // No record of this shape: the most recently used one is the best guess.
-  for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
     if (best < 0 || jb.records[i].used > jb.records[best].used) best = i;
-  return best;
+  return {best, 0};
 }
 
 void SeqPredictor::store_record(Job& jb, std::uint64_t next_first_sig) {
   if (jb.cur.slots.empty()) return;
-  jb.cur.next_sig = next_first_sig;
+  auto& counts = jb.kind_succ[jb.cur.first_sig];
+  std::size_t i = 0;
+  while (i < counts.size() && counts[i].first != next_first_sig) ++i;
+  if (i == counts.size()) counts.push_back({next_first_sig, 0});
+  ++counts[i].second;
+  std::size_t best = i;  // ties go to the latest
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    if (counts[k].second > counts[best].second) best = k;
+  jb.cur.next_sig = counts[best].first;
   jb.cur.has_next = true;
   jb.cur.used = ++uses_;
   int slot = -1;
@@ -79,6 +115,10 @@ void SeqPredictor::store_record(Job& jb, std::uint64_t next_first_sig) {
     }
     jb.records[slot] = std::move(jb.cur);
   }
+  if (slot < 0) slot = static_cast<int>(jb.records.size()) - 1;
+  const Record& r = jb.records[slot];
+  for (std::uint32_t k = static_cast<std::uint32_t>(r.slots.size()); k-- > 0;)
+    jb.where[r.slots[k].sig] = {slot, k};  // backwards: the first occurrence wins
   jb.cur = Record{};
 }
 
@@ -86,8 +126,11 @@ void SeqPredictor::start_iteration(Job& jb, std::uint64_t first_sig) {
   jb.cur = Record{};
   jb.cur.first_sig = first_sig;
   jb.cur.iter_count = jb.iter_count;
-  jb.ref = find_record(jb, first_sig);
-  jb.pos = 0;
+  jb.cur.version = ++versions_;
+  const Where w = find_record(jb, first_sig);
+  jb.ref = w.rec;
+  jb.pos = w.pos;
+  jb.shape_changed = false;
   if (jb.ref >= 0) jb.records[jb.ref].used = ++uses_;
 }
 
@@ -113,7 +156,8 @@ void SeqPredictor::begin_step(const Access& a) {
     run_aligned_ = false;
   }
   ++run_len_;
-  if (!jb.started || a.iteration != jb.iteration) {
+  const bool new_iteration = !jb.started || a.iteration != jb.iteration;
+  if (new_iteration) {
     ++run_iters_;
     if (run_len_ == 1) run_aligned_ = true;
     if (jb.started) store_record(jb, a.op_sig);
@@ -122,14 +166,33 @@ void SeqPredictor::begin_step(const Access& a) {
     ++jb.iter_count;
     start_iteration(jb, a.op_sig);
   }
-  if (jb.ref >= 0) {  // follow the record, resynchronising on the signature
+  // Follow the record, resynchronising on the signature; failing that,
+  // relocate to wherever this op was recorded (another shape of iteration).
+  step_rec_ = -1;
+  if (jb.ref >= 0) {
     const Record& r = jb.records[jb.ref];
     std::size_t end = std::min<std::size_t>(r.slots.size(), jb.pos + p_.resync_window);
     for (std::size_t k = jb.pos; k < end; ++k)
       if (r.slots[k].sig == a.op_sig) {
-        jb.pos = static_cast<std::uint32_t>(k + 1);
+        step_rec_ = jb.ref;
+        step_pos_ = static_cast<std::uint32_t>(k);
         break;
       }
+  }
+  if (step_rec_ < 0) {
+    if (const Where w = locate(jb, a.op_sig); w.rec >= 0) {
+      step_rec_ = w.rec;
+      step_pos_ = w.pos;
+    }
+  }
+  if (step_rec_ >= 0) {
+    jb.ref = step_rec_;
+    jb.pos = step_pos_ + 1;
+    jb.misses = 0;
+  } else {
+    // An op never recorded: an insertion, or (first op of an iteration) a
+    // kind of iteration never seen, whose future the records cannot tell.
+    jb.misses = new_iteration ? p_.lost_after : jb.misses + 1;
   }
   auto at = static_cast<std::uint32_t>(jb.cur.entries.size());
   jb.cur.slots.push_back({a.op_sig, at, at});
@@ -200,7 +263,24 @@ void SeqPredictor::observe(const Access& a) {
 void SeqPredictor::step_done() {
   if (!open_) return;
   open_ = false;
-  Record& rec = jobs_[step_job_].cur;
+  Job& jb = jobs_[step_job_];
+  if (step_rec_ >= 0 && !jb.shape_changed) {
+    // A transient of the recorded step (allocated in the recorded iteration)
+    // that this step did not touch has been replaced (e.g. serving
+    // activations whose batch changed): the record's other transients are
+    // stale too.
+    const Record& r = jb.records[step_rec_];
+    const Slot& sl = r.slots[step_pos_];
+    for (std::uint32_t k = sl.begin; k < sl.end; ++k) {
+      const std::uint32_t e = r.entries[k];
+      if (e & kGroupBit) continue;
+      if (ts_[e].alloc_iter == r.iter_count && ts_[e].step_stamp != step_) {
+        jb.shape_changed = true;
+        break;
+      }
+    }
+  }
+  Record& rec = jb.cur;
   for (std::uint32_t t : step_tensors_) rec.entries.push_back(t);
   for (std::uint32_t gi : step_groups_) {
     Group& g = groups_[gi];
@@ -223,7 +303,7 @@ void SeqPredictor::step_done() {
   step_groups_.clear();
 }
 
-void SeqPredictor::emit_slot(const Record& r, const Slot& s, std::uint32_t ahead,
+void SeqPredictor::emit_slot(const Job& jb, const Record& r, const Slot& s, std::uint32_t ahead,
                              std::vector<Predicted>& out) {
   auto put = [&](std::uint32_t t) {
     if (out_stamp_[t] == out_stamp_now_) return;
@@ -237,7 +317,11 @@ void SeqPredictor::emit_slot(const Record& r, const Slot& s, std::uint32_t ahead
       // born in the recorded iteration (training activations), not if it
       // outlived it (a finished request's KV blocks).
       const TensorState& s = ts_[e];
-      if (!s.dead || s.reborn || s.alloc_iter == r.iter_count) put(e);
+      const bool transient = s.alloc_iter == r.iter_count;
+      // After this iteration replaced a recorded transient, the record's
+      // transients not yet seen again are likely replaced too.
+      if (transient && jb.shape_changed && &r != &jb.cur && s.last_iter < jb.iter_count) continue;
+      if (!s.dead || s.reborn || transient) put(e);
       continue;
     }
     const Group& g = groups_[e & ~kGroupBit];
@@ -246,16 +330,12 @@ void SeqPredictor::emit_slot(const Record& r, const Slot& s, std::uint32_t ahead
   }
 }
 
-void SeqPredictor::predict(std::uint32_t horizon, std::vector<Predicted>& out) {
-  out.clear();
+template <typename Visit>
+void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
   if (run_job_ == UINT32_MAX) return;
-  if (out_stamp_.size() < ts_.size()) out_stamp_.resize(ts_.size(), 0);
-  if (++out_stamp_now_ == 0) {  // wrapped: clear so old stamps cannot collide
-    std::fill(out_stamp_.begin(), out_stamp_.end(), 0);
-    out_stamp_now_ = 1;
-  }
   cursors_.resize(jobs_.size());
-  for (std::size_t j = 0; j < jobs_.size(); ++j) cursors_[j] = {jobs_[j].ref, jobs_[j].pos};
+  for (std::size_t j = 0; j < jobs_.size(); ++j)
+    cursors_[j] = {lost(jobs_[j]) ? -1 : jobs_[j].ref, jobs_[j].pos, -1, false};
 
   // How long each run lasts: in iterations (wraps of the job's record) for
   // iteration-aligned jobs, else in op steps; -1 = unlimited.
@@ -286,22 +366,119 @@ void SeqPredictor::predict(std::uint32_t horizon, std::vector<Predicted>& out) {
     std::int64_t wraps = 0;
     for (; i < rs.ops && ahead < horizon; ++i, ++ahead) {
       Cursor& c = cursors_[j];
-      if (c.rec < 0) continue;  // nothing recorded for this job yet
-      const Record* r = &jb.records[c.rec];
+      if (c.rec == -1) continue;  // nothing recorded (or lost) for this job
+      if (c.rec == kCurrent && c.pos >= jb.cur.slots.size()) c = {c.then, c.pos, -1, true};
+      const Record* r = c.rec == kCurrent ? &jb.cur : &jb.records[c.rec];
       if (c.pos >= r->slots.size()) {                   // into the job's next iteration
         if (rs.wraps >= 0 && wraps >= rs.wraps) break;  // the run ends with the iteration
         ++wraps;
-        int next = r->has_next ? find_record(jb, r->next_sig) : c.rec;
-        c = {next, 0};
-        r = &jb.records[next];
+        const Where nx = r->has_next ? find_record(jb, r->next_sig) : Where{c.rec, 0};
+        // The next iteration of the kind in progress: the part of it already
+        // executed in this iteration is fresher than the record.
+        if (!c.fresh_used && nx.pos == 0 && !jb.cur.slots.empty() &&
+            jb.records[nx.rec].first_sig == jb.cur.first_sig)
+          c = {kCurrent, 0, nx.rec, true};
+        else
+          c = {nx.rec, nx.pos, -1, c.fresh_used};
+        r = c.rec == kCurrent ? &jb.cur : &jb.records[c.rec];
       }
-      emit_slot(*r, r->slots[c.pos++], ahead, out);
+      visit(ahead, jb, *r, c.pos++);
     }
     empty_runs = i == 0 ? empty_runs + 1 : 0;
     start = ahead;
     std::uint32_t nj = jb.succ;
     j = nj == UINT32_MAX || nj >= jobs_.size() ? j : nj;
   }
+}
+
+void SeqPredictor::new_stamp() {
+  if (out_stamp_.size() < ts_.size()) out_stamp_.resize(ts_.size(), 0);
+  if (++out_stamp_now_ == 0) {  // wrapped: clear so old stamps cannot collide
+    std::fill(out_stamp_.begin(), out_stamp_.end(), 0);
+    out_stamp_now_ = 1;
+  }
+}
+
+void SeqPredictor::predict(std::uint32_t horizon, std::vector<Predicted>& out) {
+  out.clear();
+  new_stamp();
+  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
+    emit_slot(jb, r, r.slots[pos], ahead, out);
+  });
+}
+
+// Note [Incremental window]
+// A policy needs what enters the horizon, not the whole set at every op. The
+// window [now, now+H) is kept as one materialised slot per step ahead (the
+// tensors emit_slot named when the slot entered), with a count per tensor of
+// the window slots naming it. At each call the window slides (the slots now
+// in the past are released) and the plan (which recorded slot lands on each
+// step ahead: O(H), no tensors touched) is compared with the kept one; only
+// slots whose identity (record version, position, filtering) changed are
+// released and re-materialised. A tensor whose count rises from 0, and that
+// was not in the previous window, has entered. In steady state that is one
+// slot per step: O(H) bookkeeping + O(slot size) per op. A slot's tensors
+// are fixed when it enters: KV blocks born later are named when a slot of a
+// later iteration enters (the policy sees them written meanwhile).
+void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predicted>& entered,
+                                        std::vector<std::uint32_t>& left) {
+  entered.clear();
+  left.clear();
+  win_zero_.clear();
+  const std::uint64_t now = step_ == UINT64_MAX ? 0 : step_ + 1;
+  if (win_cnt_.size() < ts_.size()) {
+    win_cnt_.resize(ts_.size(), 0);
+    win_left_.resize(ts_.size(), 0);
+  }
+  ++win_call_;
+  auto release = [&](WinSlot& w) {
+    for (std::uint32_t t : w.tensors)
+      if (--win_cnt_[t] == 0) {
+        win_left_[t] = win_call_;
+        win_zero_.push_back(t);
+      }
+    w.tensors.clear();
+    w.key = {};
+    w.filled = false;
+  };
+  if (win_.size() != horizon) {  // (re)start with an empty window
+    for (WinSlot& w : win_) release(w);
+    win_.assign(horizon, WinSlot{});
+  } else {
+    for (std::uint64_t s = win_base_; s < now && s < win_base_ + horizon; ++s)
+      release(win_[s % horizon]);
+  }
+  win_base_ = now;
+  plan_.assign(horizon, WinKey{});
+  plan_ptr_.assign(horizon, {nullptr, nullptr, 0});
+  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
+    plan_[ahead] = {r.version, pos, jb.shape_changed && &r != &jb.cur};
+    plan_ptr_[ahead] = {&jb, &r, pos};
+  });
+  for (std::uint32_t a = 0; a < horizon; ++a) {  // release what changed first
+    WinSlot& w = win_[(now + a) % horizon];
+    if (!(w.key == plan_[a])) release(w);
+  }
+  for (std::uint32_t a = 0; a < horizon; ++a) {
+    WinSlot& w = win_[(now + a) % horizon];
+    if (w.key == plan_[a] && w.filled) continue;
+    w.key = plan_[a];
+    w.filled = true;
+    const auto& [jb, r, pos] = plan_ptr_[a];
+    if (!r) continue;
+    new_stamp();
+    scratch_.clear();
+    emit_slot(*jb, *r, r->slots[pos], a, scratch_);
+    for (const Predicted& p : scratch_) {
+      w.tensors.push_back(p.tensor);
+      if (win_cnt_[p.tensor]++ == 0 && win_left_[p.tensor] != win_call_) entered.push_back(p);
+    }
+  }
+  for (std::uint32_t t : win_zero_)  // fell to 0 and stayed there
+    if (win_cnt_[t] == 0 && win_left_[t] == win_call_) {
+      left.push_back(t);
+      win_left_[t] = 0;  // once
+    }
 }
 
 }  // namespace u3m::predict

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,13 @@ struct EvalOptions {
   // Evaluate the iteration horizon at every n-th decision point; 0 = auto
   // (1 up to 20000 steps, then steps / 20000). Reported.
   std::uint32_t iteration_stride = 0;
+  // Policy view: if non-zero, the predictor is asked predict_window_delta
+  // with this horizon instead of predict(), and P is the window the deltas
+  // build up (what a policy holds). Score it at this horizon only.
+  std::uint32_t window_delta = 0;
+  // Called at every decision point k with the predictor's answer (asked for
+  // the largest horizon) and whether k is in warm-up; e.g. Diagnoser.
+  std::function<void(std::size_t k, const std::vector<Predicted>& out, bool warm)> on_decision;
 };
 
 // Sums over decision points for one horizon.

@@ -15,6 +15,15 @@
 //   the tensor registry / trace gives it. A predictor can only name tensors it
 //   has been told about, i.e. that appeared in some earlier event.
 //
+// Note [Window delta]
+// A policy does not need the whole predicted set recomputed at every op: it
+// keeps its own schedule and needs what *enters* the window [now, now+H).
+// predict_window_delta reports that, and what left the window (a tensor
+// whose predicted accesses all lie in the past or were withdrawn), so the
+// policy's set equals the predicted window without re-reading it. The benchmark
+// reports observe alone, observe + delta (what a policy pays) and observe +
+// full predict(64) per step.
+//
 // Note [Op steps]
 // The unit of "time" for horizons is the op step: a maximal run of
 // consecutive events that belong to the same op record. Decision points sit
@@ -76,6 +85,15 @@ class Predictor {
   // Replaces `out` with the tensors predicted to be accessed within the next
   // `horizon_ops` steps (ops_ahead < horizon_ops), each at most once.
   virtual void predict(std::uint32_t horizon_ops, std::vector<Predicted>& out) = 0;
+  // The incremental form a policy uses (Note [Window delta]): replaces
+  // `entered` with the tensors in the predicted window now that were not in
+  // it at the previous call (with their ops_ahead), and `left` with those
+  // that were and are not now. Call it at every decision point with the same
+  // horizon. The default computes predict() and diffs (O(answer)); a
+  // predictor may override it with a cheaper exact or documented near-exact
+  // form.
+  virtual void predict_window_delta(std::uint32_t horizon_ops, std::vector<Predicted>& entered,
+                                    std::vector<std::uint32_t>& left);
   // Online estimate of the event-time span of one op step, in ns, so that a
   // policy can turn ops_ahead into a next-access time estimate:
   // now + (ops_ahead + 0.5) * ns_per_op().
@@ -88,6 +106,10 @@ class Predictor {
  private:
   double ns_per_op_ = 0;
   std::uint64_t last_step_ = UINT64_MAX, last_step_time_ = 0;
+  // Default predict_window_delta: the last answer's generation per tensor.
+  std::vector<Predicted> delta_full_, delta_prev_;
+  std::vector<std::uint64_t> delta_mark_;
+  std::uint64_t delta_gen_ = 0;
 };
 
 // Pre-digested form of a trace for feeding predictors: each event as an

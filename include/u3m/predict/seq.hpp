@@ -28,6 +28,9 @@ struct SeqParams {
   // A run of one job longer than this many times its previous run is taken
   // as a change of interleaving: the run is then assumed to continue.
   std::uint32_t overrun_factor = 2;
+  // Consecutive ops of a job that match nothing recorded after which the job
+  // is "lost": nothing is predicted for it until an op matches again.
+  std::uint32_t lost_after = 2;
 };
 
 class SeqPredictor final : public Predictor {
@@ -37,6 +40,9 @@ class SeqPredictor final : public Predictor {
   void observe(const Access& a) override;
   void step_done() override;
   void predict(std::uint32_t horizon_ops, std::vector<Predicted>& out) override;
+  // O(H) bookkeeping + the entering slots' tensors (Note [Incremental window]).
+  void predict_window_delta(std::uint32_t horizon_ops, std::vector<Predicted>& entered,
+                            std::vector<std::uint32_t>& left) override;
 
  private:
   static constexpr std::uint32_t kGroupBit = 0x80000000u;
@@ -46,15 +52,29 @@ class SeqPredictor final : public Predictor {
   };
   struct Record {
     std::uint64_t first_sig = 0;
-    std::uint64_t next_sig = 0;  // first op of the iteration that followed it
+    std::uint64_t next_sig = 0;  // first op of the iteration that most often followed its kind
     bool has_next = false;
     std::uint64_t used = 0;        // for replacement
+    std::uint64_t version = 0;     // unique per recorded iteration (window identity)
     std::uint32_t iter_count = 0;  // the job's iteration count when recorded
     std::vector<Slot> slots;
     std::vector<std::uint32_t> entries;  // tensor index, or kGroupBit | group index
   };
+  struct Where {
+    int rec;
+    std::uint32_t pos;
+  };
   struct Job {
     bool started = false;
+    // Where each op signature occurs in the records (first occurrence in the
+    // most recently stored record that has it); validated on use.
+    std::unordered_map<std::uint64_t, Where> where;
+    // How often each kind of iteration (first op) was followed by each kind:
+    // a record's successor is the most frequent one, not merely the last.
+    std::unordered_map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::uint32_t>>>
+        kind_succ;
+    std::uint32_t misses = 0;    // consecutive ops that matched nothing recorded
+    bool shape_changed = false;  // this iteration replaced a recorded transient
     std::uint32_t iteration = 0;
     std::uint32_t iter_count = 0;  // iterations seen, for staleness
     std::vector<Record> records;
@@ -88,9 +108,19 @@ class SeqPredictor final : public Predictor {
   void start_iteration(Job& jb, std::uint64_t first_sig);
   void join_group(std::uint32_t t, const Access& a);
   void leave_group(std::uint32_t t);
-  void emit_slot(const Record& r, const Slot& s, std::uint32_t ahead, std::vector<Predicted>& out);
+  // Calls visit(ahead, job, record, slot) for each step ahead the plan fills.
+  template <typename Visit>
+  void walk(std::uint32_t horizon, Visit&& visit);
+  void new_stamp();
+  void emit_slot(const Job& jb, const Record& r, const Slot& s, std::uint32_t ahead,
+                 std::vector<Predicted>& out);
   bool fresh(std::uint32_t t, const Group& g) const;
-  int find_record(const Job& jb, std::uint64_t first_sig) const;
+  // The record (and slot) an iteration that begins with `first_sig` follows.
+  Where find_record(const Job& jb, std::uint64_t first_sig) const;
+  // The record and slot to continue from when the job's next op is `sig`
+  // (rec -1 if nothing recorded matches).
+  Where locate(const Job& jb, std::uint64_t sig) const;
+  bool lost(const Job& jb) const { return jb.misses >= p_.lost_after; }
   void store_record(Job& jb, std::uint64_t next_first_sig);
 
   SeqParams p_;
@@ -101,6 +131,8 @@ class SeqPredictor final : public Predictor {
   // Current step.
   std::uint64_t step_ = UINT64_MAX;
   std::uint32_t step_job_ = 0;
+  int step_rec_ = -1;  // the recorded slot this step matched, if any
+  std::uint32_t step_pos_ = 0;
   std::uint64_t step_sig_ = 0;
   std::vector<std::uint32_t> step_tensors_;
   std::vector<std::uint32_t> step_groups_;
@@ -114,11 +146,43 @@ class SeqPredictor final : public Predictor {
   // predict() scratch.
   std::vector<std::uint32_t> out_stamp_;
   std::uint32_t out_stamp_now_ = 0;
+  // rec >= 0: a record; kCurrent: the job's iteration in progress (its
+  // executed prefix predicts the next iteration's), continuing with record
+  // `then` at the same position.
+  static constexpr int kCurrent = -2;
   struct Cursor {
     int rec;
     std::uint32_t pos;
+    int then = -1;
+    bool fresh_used = false;  // the in-progress iteration was replayed already
   };
   std::vector<Cursor> cursors_;
+  std::uint64_t versions_ = 0;
+  // predict_window_delta state (Note [Incremental window] in seq.cpp).
+  struct WinKey {
+    std::uint64_t version = 0;
+    std::uint32_t pos = 0;
+    bool filtered = false;
+    bool operator==(const WinKey&) const = default;
+  };
+  struct WinSlot {
+    WinKey key;
+    bool filled = false;
+    std::vector<std::uint32_t> tensors;
+  };
+  struct PlanPtr {
+    const Job* job;
+    const Record* rec;
+    std::uint32_t pos;
+  };
+  std::vector<WinSlot> win_;  // ring indexed by absolute step % H
+  std::uint64_t win_base_ = 0, win_call_ = 0;
+  std::vector<std::uint32_t> win_cnt_;
+  std::vector<std::uint64_t> win_left_;
+  std::vector<WinKey> plan_;
+  std::vector<PlanPtr> plan_ptr_;
+  std::vector<Predicted> scratch_;
+  std::vector<std::uint32_t> win_zero_;  // counts that fell to 0 in this call
 };
 
 }  // namespace u3m::predict
