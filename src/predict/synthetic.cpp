@@ -25,14 +25,8 @@ class Builder {
   explicit Builder(trace::Trace& t) : t_(t) {}
   std::uint32_t tensor(std::string name, std::uint64_t bytes, Role role, std::int32_t layer,
                        std::uint32_t job) {
-    trace::Tensor x;
-    x.id = trace::stable_id(name);
-    x.name = std::move(name);
-    x.bytes = bytes;
-    x.role = role;
-    x.layer = layer;
-    x.job = job;
-    t_.tensors.push_back(std::move(x));
+    t_.tensors.push_back(
+        trace::make_tensor(std::move(name), bytes, trace::DType::f16, role, layer, job));
     return static_cast<std::uint32_t>(t_.tensors.size() - 1);
   }
 

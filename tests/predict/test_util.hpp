@@ -19,13 +19,8 @@ struct TraceMaker {
   TraceMaker() { t.job("job-0"); }
   std::uint32_t tensor(const std::string& name, std::uint64_t bytes,
                        trace::Role role = trace::Role::param, std::uint32_t job = 0) {
-    trace::Tensor x;
-    x.name = name;
-    x.id = trace::stable_id(name);
-    x.bytes = bytes;
-    x.role = role;
-    x.job = job;
-    t.tensors.push_back(x);
+    t.tensors.push_back(
+        trace::make_tensor(name, bytes, trace::DType::f16, role, trace::kNoLayer, job));
     return static_cast<std::uint32_t>(t.tensors.size() - 1);
   }
   // One op of class `cls` that touches `tensors` with `kind`.
