@@ -58,8 +58,12 @@ ModelShape resolve_shape(const GenArgs& a, const CLI::App& cmd) {
   return s;
 }
 
+// Decimal units, scaled so tiny models don't print "0.00 GB".
 std::string gb(std::uint64_t bytes) {
-  return fmt::format("{:.2f} GB", bytes / 1e9);
+  if (bytes >= 1'000'000'000) return fmt::format("{:.2f} GB", bytes / 1e9);
+  if (bytes >= 1'000'000) return fmt::format("{:.2f} MB", bytes / 1e6);
+  if (bytes >= 1'000) return fmt::format("{:.2f} kB", bytes / 1e3);
+  return fmt::format("{} B", bytes);
 }
 
 void run_gen(GenArgs a, const CLI::App& cmd) {
@@ -139,7 +143,8 @@ void run_gen(GenArgs a, const CLI::App& cmd) {
                a.train.lora() ? " (LoRA adapters)" : "");
     fmt::print("  params{:<18} {}\n", per, gb(b.param_bytes));
     fmt::print("  grads{:<19} {}\n", per, gb(b.grad_bytes));
-    fmt::print("  optimizer{:<15} {} (fp32 master + Adam m + v)\n", per, gb(b.optimizer_bytes));
+    fmt::print("  optimizer{:<15} {} ({})\n", per, gb(b.optimizer_bytes),
+               a.train.mixed_precision ? "fp32 master + Adam m + v" : "Adam m + v, fp32");
     fmt::print("  activations saved        {} per micro-batch ({} tokens{})\n",
                gb(b.activation_saved_bytes), a.train.tokens_per_micro_batch(),
                a.train.recompute ? ", recompute" : "");

@@ -19,6 +19,8 @@ namespace {
 
 struct CopyOptions {
   std::string input, output, job = "train-0";
+  bool job_given = false;
+  bool foreign_ok = true;  // import takes PyTorch ET; convert only u3m formats
 };
 
 // Reads any format and writes a u3m trace, reporting what it did. Timing is
@@ -27,6 +29,13 @@ void copy_trace(const CopyOptions& o) {
   using namespace trace;
   auto t0 = std::chrono::steady_clock::now();
   Format fmt_in = detect_format(o.input);
+  if (fmt_in == Format::pytorch_et && !o.foreign_ok)
+    input_error(o.input, "is a PyTorch Execution Trace: use 'u3m trace import'");
+  if (o.job_given && fmt_in != Format::pytorch_et)
+    input_error("--job", "applies to PyTorch ET input only; {} is {}", o.input, to_string(fmt_in));
+  std::error_code ec;
+  if (o.output != "-" && std::filesystem::equivalent(o.input, o.output, ec))
+    input_error(o.output, "is also the input; write to another path");
   auto writer = open_writer(o.output);
   StatsSink stats;
   struct Tee final : TraceSink {
@@ -57,18 +66,25 @@ void copy_trace(const CopyOptions& o) {
              j["tensors"].get<std::uint64_t>(), secs, j["events"].get<double>() / secs / 1e6);
 }
 
-void add_copy_command(CLI::App& trace, const char* name, const char* help) {
+void add_copy_command(CLI::App& trace, const char* name, const char* help, bool foreign_ok) {
   auto o = std::make_shared<CopyOptions>();
+  o->foreign_ok = foreign_ok;
   auto* cmd = trace.add_subcommand(name, help);
-  cmd->add_option("FILE", o->input, "Input trace: PyTorch ET (.json/.json.gz), u3m JSONL or u3m binary")
+  cmd->add_option("FILE", o->input,
+                  "Input trace: PyTorch ET (.json/.json.gz), u3m JSONL or u3m binary")
       ->required();
   cmd->add_option("-o,--output", o->output,
                   "Output file: .jsonl writes JSON lines ('-' for stdout), anything else the "
                   "binary format (.u3mt)")
       ->required();
-  cmd->add_option("--job", o->job, "Job name given to an imported PyTorch ET")
-      ->capture_default_str();
-  cmd->callback([o] { copy_trace(*o); });
+  CLI::Option* job = nullptr;
+  if (foreign_ok)
+    job = cmd->add_option("--job", o->job, "Job name given to an imported PyTorch ET")
+              ->capture_default_str();
+  cmd->callback([o, job] {
+    o->job_given = job && job->count() > 0;
+    copy_trace(*o);
+  });
 }
 
 void print_stats_table(const nlohmann::json& j) {
@@ -114,9 +130,10 @@ void add_trace_commands(CLI::App& app) {
 
   add_copy_command(*trace, "import",
                    "Import a trace (format detected from content: PyTorch Execution Trace, u3m "
-                   "JSONL, u3m binary) into a u3m trace file");
+                   "JSONL, u3m binary) into a u3m trace file",
+                   true);
   add_copy_command(*trace, "convert",
-                   "Convert between u3m trace formats (binary .u3mt <-> JSON lines .jsonl)");
+                   "Convert between u3m trace formats (binary .u3mt <-> JSON lines .jsonl)", false);
 
   struct StatsOptions {
     std::string input;

@@ -23,13 +23,12 @@ class ProgressSink final : public trace::TraceSink {
   void op(const trace::Op& o) override { out_.op(o); }
   void event(const trace::Event& e) override {
     out_.event(e);
-    if (tty_ && (++events_ & 0xFFFFF) == 0) tick();
+    if (tty_ && (++events_ & 0xFFFFF) == 0) tick();  // counts only when it can show
   }
   void finish() override {
     out_.finish();
     if (shown_) fmt::print(stderr, "\r\033[K");
   }
-  std::uint64_t events() const { return events_; }
 
  private:
   using Clock = std::chrono::steady_clock;

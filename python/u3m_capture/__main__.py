@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import os
 import platform
@@ -34,6 +35,17 @@ def _positive(kind):
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
         return value
     return parse
+
+
+def _non_negative_float(text):
+    """A finite float >= 0 (NaN and inf would reach torch as a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,12 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch", type=_positive(int), default=4, help="prompts per batch")
         p.add_argument("--prompt-len", type=_positive(int), default=16, help="tokens per prompt")
         p.add_argument("--new-tokens", type=_positive(int), default=new_tokens, help="tokens generated per prompt")
-        p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+        p.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature (0 = greedy)")
         p.add_argument("--kv-block", type=_positive(int), default=16,
                        help="positions per KV block (the unit KV tensors are named and allocated by)")
     for p in (t, r):
-        p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-        p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+        p.add_argument("--lr", type=_non_negative_float, default=3e-3, help="AdamW learning rate")
+        p.add_argument("--weight-decay", type=_non_negative_float, default=0.1, help="AdamW weight decay")
     return parser
 
 

@@ -10,6 +10,7 @@
 
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/output_file.hpp"
 #include "varint.hpp"
 
 static_assert(std::endian::native == std::endian::little, "the trace format is little-endian");
@@ -38,8 +39,9 @@ std::string header_bytes() {
 // ---------------------------------------------------------------- writer
 
 struct BinaryWriter::Impl {
-  std::string path;
-  std::FILE* f = nullptr;
+  explicit Impl(const std::string& path) : file(path) {}
+  OutputFile file;
+  bool finished = false;
   std::string buf;
   std::uint32_t block_records = 0;
   std::uint64_t total_records = 0;
@@ -47,10 +49,7 @@ struct BinaryWriter::Impl {
   std::uint64_t last_t = 0;
   std::uint32_t last_op = 0;
 
-  void write(const void* p, std::size_t n) {
-    if (std::fwrite(p, 1, n, f) != n)
-      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
-  }
+  void write(const void* p, std::size_t n) { file.write(p, n); }
   void flush_block() {
     if (block_records == 0) return;
     std::string h;
@@ -78,20 +77,14 @@ struct BinaryWriter::Impl {
   }
 };
 
-BinaryWriter::BinaryWriter(const std::string& path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = path;
-  impl_->f = std::fopen(path.c_str(), "wb");
-  if (!impl_->f)
-    throw std::runtime_error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+BinaryWriter::BinaryWriter(const std::string& path) : impl_(std::make_unique<Impl>(path)) {
   std::string h = header_bytes();
   impl_->write(h.data(), h.size());
 }
 
-// Without finish() the file has no end block, so readers reject it as
-// truncated instead of mistaking a partial trace for a whole one.
-BinaryWriter::~BinaryWriter() {
-  if (impl_->f) std::fclose(impl_->f);
-}
+// Without finish() the output never appears (OutputFile), so nobody mistakes
+// a partial trace for a whole one.
+BinaryWriter::~BinaryWriter() = default;
 
 void BinaryWriter::meta(std::string_view key, std::string_view value) {
   impl_->buf.push_back(static_cast<char>(kMeta));
@@ -149,16 +142,15 @@ void BinaryWriter::event(const Event& e) {
 
 void BinaryWriter::finish() {
   auto& I = *impl_;
-  if (!I.f) return;
+  if (I.finished) return;
   I.flush_block();
   std::string end;
   put_fixed<std::uint32_t>(end, 0);
   put_fixed<std::uint32_t>(end, 0);
   put_fixed<std::uint64_t>(end, I.total_records);
   I.write(end.data(), end.size());
-  int rc = std::fclose(I.f);
-  I.f = nullptr;
-  if (rc != 0) throw std::runtime_error(fmt::format("{}: close failed: {}", I.path, std::strerror(errno)));
+  I.file.commit();
+  I.finished = true;
 }
 
 // ---------------------------------------------------------------- reader
@@ -181,6 +173,10 @@ class Decoder {
     if (version != kBinaryVersion)
       input_error(source_, "unsupported trace version {} (this build reads version {})", version,
                   kBinaryVersion);
+    std::uint32_t flags;
+    std::memcpy(&flags, h.data() + 12, 4);
+    if (flags != 0)
+      input_error(source_, "unsupported header flags {:#x} (this build knows none)", flags);
   }
 
   struct BlockHeader {
@@ -196,8 +192,8 @@ class Decoder {
     std::memcpy(&b.count, h.data() + 4, 4);
     std::memcpy(&b.sum, h.data() + 8, 8);
     if (b.len > kMaxPayloadBytes)
-      input_error(source_, "block {} at byte {}: payload length {} exceeds the {} byte limit", block_,
-                  offset, b.len, kMaxPayloadBytes);
+      input_error(source_, "block {} at byte {}: payload length {} exceeds the {} byte limit",
+                  block_, offset, b.len, kMaxPayloadBytes);
     return b;
   }
 
@@ -221,7 +217,8 @@ class Decoder {
              reinterpret_cast<const unsigned char*>(payload.data() + payload.size())};
     for (std::uint32_t r = 0; r < b.count; ++r) record(c, r);
     if (c.p != c.end)
-      input_error(source_, "block {}: {} bytes left after {} records", block_, c.end - c.p, b.count);
+      input_error(source_, "block {}: {} bytes left after {} records", block_, c.end - c.p,
+                  b.count);
     ++block_;
   }
 
@@ -311,10 +308,12 @@ class Decoder {
         std::uint64_t dt, dop;
         if (!c.varint(dt)) bad(r, "event.time", "truncated");
         if (!c.varint(dop)) bad(r, "event.op", "truncated");
-        std::int64_t t = static_cast<std::int64_t>(last_t_) + unzigzag(dt);
-        std::int64_t op = static_cast<std::int64_t>(last_op_) + unzigzag(dop);
-        if (t < 0) bad(r, "event.time", "negative time");
-        if (op < 0 || static_cast<std::uint64_t>(op) >= ops_)
+        // Deltas may be hostile: add with overflow checks, never wrap.
+        std::int64_t t, op;
+        if (__builtin_add_overflow(static_cast<std::int64_t>(last_t_), unzigzag(dt), &t) || t < 0)
+          bad(r, "event.time", "time delta leaves the range [0, 2^63)");
+        if (__builtin_add_overflow(static_cast<std::int64_t>(last_op_), unzigzag(dop), &op) ||
+            op < 0 || static_cast<std::uint64_t>(op) >= ops_)
           bad(r, "event.op", fmt::format("op {} not declared ({} ops so far)", op, ops_));
         e.time_ns = static_cast<std::uint64_t>(t);
         e.op = static_cast<std::uint32_t>(op);

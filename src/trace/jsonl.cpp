@@ -5,26 +5,25 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <simdjson.h>
+#include <nlohmann/json.hpp>
 
 #include "u3m/trace/io.hpp"
 #include "u3m/trace/op_class.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/output_file.hpp"
 
 namespace u3m::trace {
 
 // ---------------------------------------------------------------- writer
 
 struct JsonlWriter::Impl {
-  std::string path;
-  std::FILE* f = nullptr;
-  bool owns = false;
+  explicit Impl(const std::string& path) : file(path) {}
+  OutputFile file;
   std::string buf;
 
   void flush() {
-    if (!buf.empty() && std::fwrite(buf.data(), 1, buf.size(), f) != buf.size())
-      throw std::runtime_error(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
+    file.write(buf.data(), buf.size());
     buf.clear();
   }
   void line(std::string_view s) {
@@ -35,25 +34,16 @@ struct JsonlWriter::Impl {
 };
 
 namespace {
-std::string quote(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
+std::string quote(std::string_view s) {
+  return nlohmann::json(std::string(s)).dump();
+}
 }  // namespace
 
-JsonlWriter::JsonlWriter(const std::string& path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = path;
-  if (path == "-") {
-    impl_->f = stdout;
-  } else {
-    impl_->f = std::fopen(path.c_str(), "w");
-    impl_->owns = true;
-    if (!impl_->f)
-      throw std::runtime_error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
-  }
+JsonlWriter::JsonlWriter(const std::string& path) : impl_(std::make_unique<Impl>(path)) {
   impl_->line(R"({"u3m_trace": 1})");
 }
 
-JsonlWriter::~JsonlWriter() {
-  if (impl_->owns && impl_->f) std::fclose(impl_->f);
-}
+JsonlWriter::~JsonlWriter() = default;
 
 void JsonlWriter::meta(std::string_view key, std::string_view value) {
   impl_->line(fmt::format(R"({{"meta": {{"key": {}, "value": {}}}}})", quote(key), quote(value)));
@@ -78,14 +68,7 @@ void JsonlWriter::event(const Event& e) {
 }
 void JsonlWriter::finish() {
   impl_->flush();
-  if (impl_->owns && impl_->f) {
-    int rc = std::fclose(impl_->f);
-    impl_->f = nullptr;
-    if (rc != 0)
-      throw std::runtime_error(fmt::format("{}: close failed: {}", impl_->path, std::strerror(errno)));
-  } else if (impl_->f) {
-    std::fflush(impl_->f);
-  }
+  impl_->file.commit();
 }
 
 // ---------------------------------------------------------------- reader
@@ -137,10 +120,22 @@ class LineReader {
     seen_header_ = true;
   }
 
-  sj::dom::object object(sj::dom::element e, std::string_view name) const {
+  // The record's object; a field outside `known` is an error, not ignored,
+  // so a misspelt optional field cannot silently take its default.
+  sj::dom::object object(sj::dom::element e, std::string_view name,
+                         std::initializer_list<std::string_view> known) const {
     sj::dom::object o;
     if (e.get_object().get(o)) fail(name, "expected an object");
+    for (auto [key, value] : o) {
+      bool ok = false;
+      for (auto k : known) ok = ok || key == k;
+      if (!ok) fail(key, fmt::format("unknown field of a {} record", name));
+    }
     return o;
+  }
+  std::uint32_t job_index(sj::dom::object o) const {
+    if (jobs_ == 0) fail("job", "no job declared before this record");
+    return static_cast<std::uint32_t>(uint(o, "job", 0, jobs_));
   }
   std::string_view req_str(sj::dom::object o, std::string_view f) const {
     std::string_view s;
@@ -173,12 +168,13 @@ class LineReader {
     if (el.error() == sj::NO_SUCH_FIELD) return kNoLayer;
     std::int64_t i;
     if (el.get_int64().get(i)) fail("layer", "expected an integer");
-    if (i < -1 || i > INT32_MAX) fail("layer", fmt::format("value {} out of range (-1 or more)", i));
+    if (i < -1 || i > INT32_MAX)
+      fail("layer", fmt::format("value {} out of range (-1 or more)", i));
     return static_cast<std::int32_t>(i);
   }
   template <typename E>
-  E enum_field(sj::dom::object o, std::string_view f, E def, std::optional<E> (*parse)(std::string_view),
-               bool required = false) const {
+  E enum_field(sj::dom::object o, std::string_view f, E def,
+               std::optional<E> (*parse)(std::string_view), bool required = false) const {
     auto el = o[f];
     if (el.error() == sj::NO_SUCH_FIELD) {
       if (required) fail(f, "missing");
@@ -192,7 +188,7 @@ class LineReader {
   }
 
   void meta(sj::dom::element e) {
-    auto o = object(e, "meta");
+    auto o = object(e, "meta", {"key", "value"});
     out_.meta(req_str(o, "key"), req_str(o, "value"));
   }
   void job(sj::dom::element e) {
@@ -202,7 +198,7 @@ class LineReader {
     ++jobs_;
   }
   void tensor(sj::dom::element e) {
-    auto o = object(e, "tensor");
+    auto o = object(e, "tensor", {"name", "id", "bytes", "dtype", "role", "layer", "job"});
     Tensor t;
     t.name = std::string(req_str(o, "name"));
     t.id = stable_id(t.name);
@@ -216,19 +212,20 @@ class LineReader {
     t.dtype = enum_field(o, "dtype", DType::other, parse_dtype);
     t.role = enum_field(o, "role", Role::other, parse_role);
     t.layer = layer(o);
-    t.job = static_cast<std::uint32_t>(uint(o, "job", 0, jobs_));
+    t.job = job_index(o);
     out_.tensor(t);
     ++tensors_;
   }
   void op(sj::dom::element e) {
-    auto o = object(e, "op");
+    auto o =
+        object(e, "op", {"name", "class", "phase", "job", "iteration", "layer", "flops", "bytes"});
     Op op;
     op.name = std::string(req_str(o, "name"));
     op.phase = enum_field(o, "phase", Phase::other, parse_phase);
     op.cls = o["class"].error() == sj::NO_SUCH_FIELD
                  ? classify_op(op.name, op.phase)
                  : enum_field(o, "class", OpClass::other, parse_op_class);
-    op.job = static_cast<std::uint32_t>(uint(o, "job", 0, jobs_));
+    op.job = job_index(o);
     op.iteration = static_cast<std::uint32_t>(uint(o, "iteration", 0, UINT32_MAX));
     op.layer = layer(o);
     if (auto fl = o["flops"]; fl.error() != sj::NO_SUCH_FIELD) {
@@ -242,7 +239,7 @@ class LineReader {
     ++ops_;
   }
   void event(sj::dom::element e) {
-    auto o = object(e, "event");
+    auto o = object(e, "event", {"t", "op", "tensor", "kind"});
     Event ev;
     ev.time_ns = uint(o, "t", 0, UINT64_MAX, true);
     ev.op = static_cast<std::uint32_t>(uint(o, "op", 0, ops_, true));

@@ -43,6 +43,7 @@ struct Cursor {
     for (int shift = 0; shift < 64; shift += 7) {
       if (p == end) return false;
       unsigned char b = *p++;
+      if (shift == 63 && b > 1) return false;  // the 10th byte holds only bit 63
       v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
       if (!(b & 0x80)) return true;
     }

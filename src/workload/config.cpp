@@ -34,6 +34,7 @@ void TrainConfig::validate() const {
   positive(micro_batch_size, "--batch");
   positive(seq_len, "--seq-len");
   positive(zero3_ranks, "--zero3-ranks");
+  if (lora_rank > 65536) input_error("--lora-rank", "{} is larger than any projection", lora_rank);
   if (lora_rank > 0 && lora_targets.empty())
     input_error("--lora-targets", "LoRA needs at least one target projection");
   if (tokens_per_micro_batch() > (1ull << 32))

@@ -1,5 +1,7 @@
 #include "emitter.hpp"
 
+#include "u3m/util/error.hpp"
+
 #include <algorithm>
 #include <cassert>
 
@@ -14,6 +16,8 @@ std::uint32_t Emitter::declare(std::string name, std::uint64_t bytes, DType dtyp
                                std::int32_t layer, std::uint32_t job, bool persistent) {
   trace::Tensor t = trace::make_tensor(std::move(name), bytes, dtype, role, layer, job);
   out_.tensor(t);
+  if (tensors_.size() >= UINT32_MAX)
+    input_error("trace gen", "more than 2^32 - 1 tensors; generate fewer requests");
   tensors_.push_back({bytes, persistent});
   return static_cast<std::uint32_t>(tensors_.size() - 1);
 }
@@ -50,6 +54,8 @@ void Emitter::emit(const Program& p, const POp& o, std::uint32_t job, std::uint3
   op_.flops = o.flops;
   op_.bytes = bytes;
   out_.op(op_);
+  // Events index ops and tensors with 32 bits (model.hpp): refuse to wrap.
+  if (ops_ >= UINT32_MAX) input_error("trace gen", "more than 2^32 - 1 ops; generate fewer steps");
   const auto op_index = static_cast<std::uint32_t>(ops_++);
 
   // Memory exists and inputs are read when the op starts; outputs are written

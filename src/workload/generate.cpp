@@ -1,5 +1,7 @@
 #include "u3m/workload/generate.hpp"
 
+#include "u3m/util/error.hpp"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -79,10 +81,20 @@ void drain(Emitter& e, InferJob& job, std::uint32_t max_iterations) {
 
 }  // namespace
 
+// A LoRA rank above a projection's smaller side adds parameters, not a
+// low-rank adapter: reject it against the shape (the config alone can't).
+static void check_lora(const ModelShape& shape, const TrainConfig& cfg) {
+  const std::uint32_t smallest = std::min(shape.kv_dim(), shape.d_model);
+  if (cfg.lora_rank > smallest)
+    input_error("--lora-rank", "{} exceeds the smallest adapted dimension ({}) of model '{}'",
+                cfg.lora_rank, smallest, shape.name);
+}
+
 GenResult generate_train(const ModelShape& shape, const TrainConfig& cfg, trace::TraceSink& out,
                          const GenOptions& opt) {
   shape.validate();
   cfg.validate();
+  check_lora(shape, cfg);
   Emitter e(out, opt.time);
   common_meta(e, shape, "train", opt);
   train_meta(e, cfg);
@@ -114,6 +126,7 @@ GenResult generate_mixed(const ModelShape& shape, const MixedConfig& cfg, Reques
                          trace::TraceSink& out, const GenOptions& opt) {
   shape.validate();
   cfg.validate();
+  check_lora(shape, cfg.train);
   Emitter e(out, opt.time);
   common_meta(e, shape, "mixed", opt);
   e.meta("mixed.pattern", to_string(cfg.pattern));

@@ -62,6 +62,10 @@ std::optional<Request> PoissonSource::next() {
   t_ns_ += -std::log(1.0 - rng_.uniform01()) / cfg_.rate_per_s * 1e9;
   Request r;
   r.id = emitted_++;
+  // A tiny rate can push arrivals past what 64-bit nanoseconds hold.
+  if (!(t_ns_ < 9.2e18))
+    input_error("--arrival-rate", "{} requests/s puts request {} beyond 2^63 ns", cfg_.rate_per_s,
+                r.id);
   r.arrival_ns = static_cast<std::uint64_t>(t_ns_);
   r.prompt_tokens = rng_.sample(cfg_.prompt);
   r.output_tokens = rng_.sample(cfg_.output);

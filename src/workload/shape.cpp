@@ -17,6 +17,15 @@ void ModelShape::validate(std::string_view where) const {
   positive(kv_heads, "kv_heads");
   positive(ffn, "ffn");
   positive(vocab, "vocab");
+  // Bounds keep every analytic product (d*d, vocab*d, d*ffn, ...) far from
+  // 64-bit overflow; they are ~100x today's largest open models.
+  auto at_most = [&](std::uint64_t v, std::uint64_t limit, std::string_view field) {
+    if (v > limit) input_error(where, "{} = {} exceeds the supported maximum {}", field, v, limit);
+  };
+  at_most(layers, 4096, "layers");
+  at_most(d_model, 1u << 20, "d_model");
+  at_most(ffn, 1u << 22, "ffn");
+  at_most(vocab, 1u << 24, "vocab");
   if (d_model % heads != 0)
     input_error(where, "heads ({}) must divide d_model ({})", heads, d_model);
   if (heads % kv_heads != 0)

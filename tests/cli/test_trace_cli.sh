@@ -61,6 +61,18 @@ head -c 100 "$tmp/linear_et.u3mt" >"$tmp/cut.u3mt"
 expect_error "truncated binary" "truncated" "$U3M" trace stats "$tmp/cut.u3mt"
 expect_error "missing file" "does_not_exist" "$U3M" trace stats "$tmp/does_not_exist.u3mt"
 
+mkdir -p "$tmp/adir"
+expect_error "directory as input" "is a directory" "$U3M" trace stats "$tmp/adir"
+# A failed import must not destroy an existing output, nor convert its own input.
+cp "$tmp/linear_et.u3mt" "$tmp/keep.u3mt"
+expect_error "failed import keeps output" "9.9.9" "$U3M" trace import "$tmp/schema.json" -o "$tmp/keep.u3mt"
+cmp -s "$tmp/linear_et.u3mt" "$tmp/keep.u3mt" && ok || bad "failed import changed the existing output"
+expect_error "convert onto itself" "also the input" "$U3M" trace convert "$tmp/keep.u3mt" -o "$tmp/keep.u3mt"
+cmp -s "$tmp/linear_et.u3mt" "$tmp/keep.u3mt" && ok || bad "convert onto itself changed the file"
+expect_error "convert refuses ET" "use 'u3m trace import'" "$U3M" trace convert "$SRC/data/pytorch-et/linear_et.json.gz" -o "$tmp/y.u3mt"
+expect_error "--job only for ET" "--job" "$U3M" trace import "$tmp/keep.u3mt" --job x -o "$tmp/y.u3mt"
+expect_error "output dir missing" "cannot create" "$U3M" trace convert "$tmp/keep.u3mt" -o "$tmp/no/such/dir.u3mt"
+
 # --- help texts exist for every trace command
 for c in import convert stats gen; do
   "$U3M" trace $c --help >"$tmp/help" 2>&1 && grep -q "Usage" "$tmp/help" && ok || bad "trace $c --help"

@@ -260,6 +260,11 @@ class CaptureTest(unittest.TestCase):
                              env=env, capture_output=True, text=True)
         self.assertEqual(bad.returncode, 2)
         self.assertIn("d_model", bad.stderr)
+        for value in ("nan", "-1", "inf"):
+            bad = subprocess.run([sys.executable, "-m", "u3m_capture", "rlhf", "-o", os.devnull,
+                                  "--temperature", value], env=env, capture_output=True, text=True)
+            self.assertEqual(bad.returncode, 2, value)
+            self.assertIn("--temperature", bad.stderr)
 
     def test_u3m_imports_the_traces(self):
         u3m = os.environ.get("U3M_BIN", "")

@@ -93,7 +93,8 @@ TEST_F(Binary, ManyBlocksStayCompact) {
   src.job("train-0");
   for (int i = 0; i < 1000; ++i) {
     std::string name = "train-0.t" + std::to_string(i);
-    src.tensor(Tensor{stable_id(name), name, 4096u * (i + 1), DType::f16, Role::activation, i % 40, 0});
+    src.tensor(
+        Tensor{stable_id(name), name, 4096u * (i + 1), DType::f16, Role::activation, i % 40, 0});
   }
   for (int i = 0; i < 3000; ++i)
     src.op(Op{"aten::mm", OpClass::matmul, Phase::forward, 0, static_cast<std::uint32_t>(i / 300),
@@ -140,14 +141,38 @@ TEST_F(Binary, DetectsCorruptionAndTrailingGarbage) {
   expect_error(data + "x", "garbage");
 }
 
-TEST_F(Binary, UnfinishedWriterLeavesAnInvalidFile) {
+TEST_F(Binary, UnfinishedWriterNeitherCreatesNorClobbers) {
+  auto path = (dir / "out.u3mt").string();
+  std::string before = write_binary(testing::sample_trace(), path);
   {
-    BinaryWriter w((dir / "partial.u3mt").string());
+    BinaryWriter w(path);
     w.job("train-0");
-    // destroyed without finish(), as after an exception mid-write
+    // destroyed without finish(), as after an exception mid-import
   }
-  Trace out;
-  EXPECT_THROW(read_binary_file((dir / "partial.u3mt").string(), out), InputError);
+  EXPECT_EQ(slurp(path), before);  // the earlier output is intact
+  {
+    BinaryWriter w((dir / "fresh.u3mt").string());
+    w.job("train-0");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "fresh.u3mt"));
+  for (auto& e : std::filesystem::directory_iterator(dir))  // no temporary files left behind
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+TEST_F(Binary, RejectsOverflowingDeltasAndFlags) {
+  // Hand-built records: a job, a tensor, an op, then events whose time delta
+  // would overflow int64 (must be an error, never undefined behaviour).
+  Trace src;
+  src.job("j");
+  src.tensor(make_tensor("x", 1, DType::f32, Role::other));
+  src.op(Op{"aten::mm", OpClass::matmul, Phase::forward, 0, 0, kNoLayer, 0, 0});
+  src.event(Event{INT64_MAX, 0, 0, EventKind::read});
+  src.event(Event{static_cast<std::uint64_t>(INT64_MAX) * 2, 0, 0, EventKind::read});
+  std::string data = write_binary(src, dir / "ovf.u3mt");
+  expect_error(data, "event.time");
+  std::string flagged = write_binary(testing::sample_trace(), dir / "f.u3mt");
+  flagged[12] = 1;
+  expect_error(flagged, "unsupported header flags");
 }
 
 TEST_F(Binary, FileReaderNamesTheFile) {

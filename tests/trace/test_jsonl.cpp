@@ -63,12 +63,13 @@ TEST(Jsonl, RoundTrips) {
 }
 
 TEST(Jsonl, DerivesClassFromNameAndAcceptsMinimalRecords) {
-  std::string text = std::string(kHeader) +
-                     "\n"
-                     "{\"job\": \"infer-0\"}\r\n"
-                     "{\"tensor\": {\"name\": \"k\", \"bytes\": 10}}\n"
-                     "{\"op\": {\"name\": \"aten::scaled_dot_product_attention\", \"phase\": \"decode\"}}\n"
-                     "{\"event\": {\"t\": 5, \"op\": 0, \"tensor\": 0, \"kind\": \"read\"}}\n";
+  std::string text =
+      std::string(kHeader) +
+      "\n"
+      "{\"job\": \"infer-0\"}\r\n"
+      "{\"tensor\": {\"name\": \"k\", \"bytes\": 10}}\n"
+      "{\"op\": {\"name\": \"aten::scaled_dot_product_attention\", \"phase\": \"decode\"}}\n"
+      "{\"event\": {\"t\": 5, \"op\": 0, \"tensor\": 0, \"kind\": \"read\"}}\n";
   Trace t;
   read_jsonl(text, "m.jsonl", t);
   ASSERT_EQ(t.ops.size(), 1u);
@@ -93,17 +94,25 @@ TEST(Jsonl, ErrorsNameLineAndField) {
                {"'role'", "weights"});
   expect_error(h + job + "{\"tensor\": {\"name\": \"x\", \"bytes\": 1, \"job\": 1}}\n",
                {"'job'", "out of range"});
-  expect_error(h + job + "{\"tensor\": {\"name\": \"x\", \"bytes\": 1, \"id\": \"0000000000000001\"}}\n",
-               {"'id'"});
-  expect_error(h + job + tensor + op + "{\"event\": {\"t\": 1, \"op\": 0, \"tensor\": 1, \"kind\": \"read\"}}\n",
+  expect_error(
+      h + job + "{\"tensor\": {\"name\": \"x\", \"bytes\": 1, \"id\": \"0000000000000001\"}}\n",
+      {"'id'"});
+  expect_error(h + job + tensor + op +
+                   "{\"event\": {\"t\": 1, \"op\": 0, \"tensor\": 1, \"kind\": \"read\"}}\n",
                {"in.jsonl:5", "'tensor'", "out of range"});
-  expect_error(h + job + tensor + op + "{\"event\": {\"t\": 1, \"op\": 0, \"tensor\": 0, \"kind\": \"peek\"}}\n",
+  expect_error(h + job + tensor + op +
+                   "{\"event\": {\"t\": 1, \"op\": 0, \"tensor\": 0, \"kind\": \"peek\"}}\n",
                {"'kind'", "peek"});
   expect_error(h + job + tensor + "{\"op\": {\"name\": \"aten::mm\", \"flops\": -1}}\n",
                {"in.jsonl:4", "'flops'"});
-  expect_error(h + job + "{\"tensor\": {\"name\": \"x\", \"bytes\": 4}\n", {"in.jsonl:3", "invalid JSON"});
+  expect_error(h + job + "{\"tensor\": {\"name\": \"x\", \"bytes\": 4}\n",
+               {"in.jsonl:3", "invalid JSON"});
   expect_error(h + "{\"bogus\": 1}\n", {"in.jsonl:2", "unknown record type"});
   expect_error(h + "[1, 2]\n", {"in.jsonl:2", "object"});
+  expect_error(h + job + "{\"tensor\": {\"name\": \"x\", \"bytes\": 5, \"rol\": \"param\"}}\n",
+               {"in.jsonl:3", "'rol'", "unknown field"});
+  expect_error(h + "{\"tensor\": {\"name\": \"x\", \"bytes\": 5}}\n",
+               {"in.jsonl:2", "'job'", "no job declared"});
   expect_error(h + "{\"job\": \"a\", \"meta\": {}}\n", {"exactly one record"});
 }
 

@@ -77,4 +77,22 @@ TEST(GenCli, BadShapeNamesTheField) {
   EXPECT_NE(r3.output.find("llama2-13b"), std::string::npos) << r3.output;
 }
 
+TEST(GenCli, OutOfRangeValuesAreRejectedNotWrapped) {
+  struct Case {
+    const char* args;
+    const char* needle;
+  };
+  for (const Case& c : {
+           Case{"trace gen --model tiny --d-model 4294967295 --heads 1 --kv-heads 1", "d_model"},
+           Case{"trace gen --model tiny --workload train --lora-rank 100000", "--lora-rank"},
+           Case{"trace gen --model tiny --workload train --lora-rank 64", "--lora-rank"},
+           Case{"trace gen --model tiny --workload infer --requests 3 --arrival-rate 1e-300",
+                "--arrival-rate"},
+       }) {
+    const CliRun r = run(c.args);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
 }  // namespace

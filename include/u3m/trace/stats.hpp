@@ -29,7 +29,7 @@ class StatsSink final : public TraceSink {
   void event(const Event& e) override;
 
   // {"events", "ops", "tensors", "bytes_unique", "iterations", "op_classes",
-  //  "phases", "roles", "event_kinds", "jobs": {name: {...}}, "duration_ns", "meta"}
+  //  "phases", "bytes_by_role", "event_kinds", "jobs": {name: {...}}, "duration_ns", "meta"}
   nlohmann::json to_json() const;
 
  private:

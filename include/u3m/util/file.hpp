@@ -7,6 +7,8 @@
 namespace u3m {
 
 std::string read_file(const std::string& path);
+// Throws InputError naming the path unless it is an existing regular file.
+void require_regular_file(const std::string& path);
 bool is_gzip_file(const std::string& path);
 
 }  // namespace u3m

@@ -35,7 +35,7 @@ struct ModelShape {
   void validate(std::string_view where = "model shape") const;
 };
 
-// llama2-13b, llama3-8b, tiny (2 layers, for tests), tiny-gqa.
+// llama2-13b, llama3-8b, tiny (2 layers, GQA, for tests), tiny-mha (3 layers, full MHA).
 const std::vector<ModelShape>& presets();
 // Throws InputError listing the known names when `name` is not a preset.
 const ModelShape& preset(std::string_view name);
