@@ -1,7 +1,9 @@
 // `u3m predict eval`: scores access predictors on traces (docs/prediction.md).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -9,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
@@ -25,6 +27,7 @@ namespace {
 struct PredictEvalArgs {
   std::vector<std::string> traces;
   std::string predictors;
+  bool predictors_given = false;  // an explicit empty list is an error, not "all"
   std::uint32_t horizon = 64;
   std::uint32_t warmup_iterations = 1;
   bool json = false;
@@ -38,12 +41,41 @@ std::string machine() {
   return fmt::format("{} ({} hardware threads)", host, std::thread::hardware_concurrency());
 }
 
-std::vector<std::string> split_names(const std::string& list) {
+// The --predictors list: every name known, none empty, none twice.
+std::vector<std::string> parse_predictors(const std::string& list) {
+  const auto& known = predict::predictor_names();
   std::vector<std::string> out;
   std::stringstream ss(list);
-  for (std::string s; std::getline(ss, s, ',');)
-    if (!s.empty()) out.push_back(s);
+  std::size_t pos = 0;
+  for (std::string s; std::getline(ss, s, ',');) {
+    ++pos;
+    if (s.empty())
+      input_error("--predictors",
+                  "empty name at position {} in '{}' (a comma-separated list of {})", pos, list,
+                  fmt::join(known, ", "));
+    if (std::find(known.begin(), known.end(), s) == known.end())
+      input_error("--predictors", "unknown predictor '{}' (known: {})", s, fmt::join(known, ", "));
+    if (std::find(out.begin(), out.end(), s) != out.end())
+      input_error("--predictors", "'{}' is listed twice in '{}'", s, list);
+    out.push_back(s);
+  }
+  if (list.empty() || list.back() == ',')  // getline drops a trailing empty field
+    input_error("--predictors", "empty name at position {} in '{}' (a comma-separated list of {})",
+                pos + 1, list, fmt::join(known, ", "));
   return out;
+}
+
+// Pooled counts add per trace, so a trace given twice would count twice.
+void reject_duplicate_traces(const std::vector<std::string>& traces) {
+  std::map<std::filesystem::path, std::string> seen;
+  for (const std::string& t : traces) {
+    std::error_code ec;
+    std::filesystem::path c = std::filesystem::weakly_canonical(t, ec);
+    if (ec) c = t;
+    auto [it, fresh] = seen.emplace(c, t);
+    if (!fresh)
+      input_error(t, "given twice (also as '{}'): each trace may be evaluated once", it->second);
+  }
 }
 
 std::string pct(double v) {
@@ -52,21 +84,23 @@ std::string pct(double v) {
 
 void print_table(const std::string& title, const std::vector<predict::EvalResult>& rs) {
   fmt::print("\n{}\n", title);
-  fmt::print("{:<13} {:>9} | {:>6} {:>6} {:>6} | {:>6} {:>6} {:>6} | {:>6} | {:>9}\n", "predictor",
-             "horizon", "prec%", "rec%", "F1%", "precC%", "recC%", "F1C%", "recAll", "ns/event");
+  fmt::print("{:<13} {:>9} | {:>6} {:>6} {:>6} {:>8} {:>6} | {:>6} {:>6} {:>6} {:>8} | {:>9}\n",
+             "predictor", "horizon", "prec%", "rec%", "F1%", "recKnwn%", "ceil%", "precC%", "recC%",
+             "F1C%", "recKnwnC", "ns/event");
   for (const auto& r : rs)
     for (const auto& h : r.horizons)
-      fmt::print("{:<13} {:>9} | {} {} {} | {} {} {} | {} | {:>9.1f}\n", r.predictor, h.horizon,
-                 pct(h.precision()), pct(h.recall()), pct(predict::f1(h.precision(), h.recall())),
-                 pct(h.precision_count()), pct(h.recall_count()),
-                 pct(predict::f1(h.precision_count(), h.recall_count())), pct(h.recall_all()),
-                 r.ns_per_event());
+      fmt::print("{:<13} {:>9} | {} {} {} {:>8} {} | {} {} {} {:>8} | {:>9.1f}\n", r.predictor,
+                 h.horizon, pct(h.precision()), pct(h.recall()),
+                 pct(predict::f1(h.precision(), h.recall())), pct(h.recall_known()),
+                 pct(h.recall_ceiling()), pct(h.precision_count()), pct(h.recall_count()),
+                 pct(predict::f1(h.precision_count(), h.recall_count())),
+                 pct(h.recall_known_count()), r.ns_per_event());
 }
 
 void run_eval(const PredictEvalArgs& a) {
   std::vector<std::string> names =
-      a.predictors.empty() ? predict::predictor_names() : split_names(a.predictors);
-  for (const auto& n : names) predict::make_predictor(n == "oracle" ? "lru" : n);  // validate early
+      a.predictors_given ? parse_predictors(a.predictors) : predict::predictor_names();
+  reject_duplicate_traces(a.traces);
   predict::EvalOptions opt;
   opt.horizons = {8, a.horizon};
   opt.warmup_iterations = a.warmup_iterations;
@@ -83,7 +117,8 @@ void run_eval(const PredictEvalArgs& a) {
     trace::Trace t = trace::load_trace(path);
     predict::TraceFeed feed(t);
     std::vector<predict::EvalResult> rs;
-    nlohmann::json pj = nlohmann::json::object();
+    nlohmann::json pj = nlohmann::json::object(), dj = nlohmann::json::object();
+    std::string diag_text;
     for (const auto& n : names) {
       auto p = predict::make_predictor(n, &feed);
       std::unique_ptr<predict::Diagnoser> diag;
@@ -95,32 +130,39 @@ void run_eval(const PredictEvalArgs& a) {
         };
       }
       rs.push_back(predict::evaluate(feed, *p, o));
-      if (diag)
-        fmt::print("\n{} on {}: error breakdown (computed from the trace)\n{}", n, path,
-                   diag->report());
+      if (diag && a.json) dj[n] = diag->to_json();
+      if (diag && !a.json)
+        diag_text += fmt::format("\n{} on {}: error breakdown (computed from the trace)\n{}", n,
+                                 path, diag->report());
       predict::accumulate(pooled[n], rs.back());
       pj[n] = predict::to_json(rs.back(), headline);
     }
     per_trace[path] = {
         {"events", feed.num_events()}, {"steps", feed.num_steps()}, {"predictors", pj}};
+    if (a.diagnose) per_trace[path]["diagnosis"] = dj;
     if (!a.json) {
       print_table(fmt::format("{}: {} events, {} op steps; warm-up excluded: first {} iteration(s) "
                               "of each job ({} events)",
                               path, feed.num_events(), feed.num_steps(), a.warmup_iterations,
                               rs.empty() ? 0 : rs[0].warmup_events),
                   rs);
+      fmt::print("{}", diag_text);
     }
   }
   if (a.json) {
     nlohmann::json out;
     out["traces"] = a.traces;
     out["horizon_ops"] = a.horizon;
-    out["horizons"] = {"8", headline, "iteration"};
+    nlohmann::json hs = nlohmann::json::array();  // as scored, not as configured
+    for (const auto& h : pooled.at(names.front()).horizons) hs.push_back(h.horizon);
+    out["horizons"] = hs;
     out["warmup_iterations"] = a.warmup_iterations;
     out["default_predictor"] = predict::kDefaultPredictor;
     out["figures"] =
         "precision/recall/f1 computed from the trace(s), byte-weighted; *_count: count-weighted; "
-        "recall counts reads/writes of tensors already seen, recall_all every read/write; "
+        "recall over every read/write (first touches count as misses); recall_known over "
+        "reads/writes of tensors already seen; recall_ceiling = bytes(A_known)/bytes(A), the "
+        "most recall any online predictor can reach (the oracle's); "
         "ns_per_event measured on " +
         machine();
     nlohmann::json pj = nlohmann::json::object();
@@ -135,9 +177,10 @@ void run_eval(const PredictEvalArgs& a) {
       print_table("all traces pooled", rs);
     }
     fmt::print(
-        "\nprec/rec/F1: computed from the trace, byte-weighted (C: count-weighted); rec: reads and "
-        "writes of tensors already seen; recAll: every read/write (first touches count as "
-        "misses).\n"
+        "\nprec/rec/F1: computed from the trace, byte-weighted (C: count-weighted); rec: every "
+        "read/write (first touches count as misses); recKnwn: reads/writes of tensors already "
+        "seen; ceil: bytes(A_known)/bytes(A), the most rec any online predictor can reach (what "
+        "oracle reaches).\n"
         "ns/event: measured on {}, the predictor's own calls only. Definitions: "
         "docs/prediction.md\n",
         machine());
@@ -155,23 +198,31 @@ void add_predict_commands(CLI::App& app) {
   eval->add_option("TRACE", args->traces, "Trace files (.u3mt, .jsonl, PyTorch ET)")
       ->required()
       ->check(CLI::ExistingFile);
-  eval->add_option("--predictors", args->predictors,
-                   "Comma-separated list (default: all): u3m-seq, u3m, lru, markov-reuse, "
-                   "trace-replay, oracle");
+  auto* predictors =
+      eval->add_option("--predictors", args->predictors,
+                       fmt::format("Comma-separated list, each name once (default: all): {}",
+                                   fmt::join(predict::predictor_names(), ", ")));
   eval->add_option("--horizon-ops", args->horizon,
                    "Headline horizon in op steps (8 and one "
                    "iteration are always reported too)")
-      ->check(CLI::Range(1u, 1u << 20));
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
   eval->add_option("--warmup-iterations", args->warmup_iterations,
-                   "Leading iterations of each job excluded from the headline (reported)");
+                   "Leading iterations of each job excluded from the headline (reported)")
+      ->capture_default_str();
   eval->add_flag("--json", args->json, "Print one JSON object");
   eval->add_flag("--window-delta", args->window_delta,
                  "Score the window a policy builds from predict_window_delta (entered/left) at "
                  "the headline horizon, and time that call instead of predict()");
   eval->add_flag("--diagnose", args->diagnose,
-                 "Also print, per predictor and trace, where the false-positive and missed bytes "
-                 "at the headline horizon are (docs/prediction.md, \"Diagnosis\"); slow");
-  eval->callback([args] { run_eval(*args); });
+                 "Also report, per predictor and trace, where the false-positive, missed and "
+                 "first-touch bytes at the headline horizon are (docs/prediction.md, "
+                 "\"Diagnosis\"): after each table, or with --json under "
+                 "per_trace.TRACE.diagnosis; slow");
+  eval->callback([args, predictors] {
+    args->predictors_given = predictors->count() > 0;
+    run_eval(*args);
+  });
 }
 
 }  // namespace u3m::cli

@@ -10,6 +10,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "predictors_impl.hpp"
 
@@ -22,10 +23,16 @@ constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
 struct Table {
   std::string title;
   std::vector<std::string> labels;
-  std::vector<double> fp, miss;
+  std::vector<double> fp, miss, first;
   Table(std::string t, std::vector<std::string> l)
-      : title(std::move(t)), labels(std::move(l)), fp(labels.size()), miss(labels.size()) {}
+      : title(std::move(t)),
+        labels(std::move(l)),
+        fp(labels.size()),
+        miss(labels.size()),
+        first(labels.size()) {}
 };
+
+enum class Err { fp, miss, first };
 
 enum Dim { kRole, kJob, kPhase, kClass, kToSwitch, kFromSwitch, kToIter, kOrdinal, kAhead, kNext };
 
@@ -44,8 +51,9 @@ struct Diagnoser::Impl {
   std::vector<std::uint64_t> run_start;  // first step of each run of one job
   std::vector<double> fp_by_run, miss_by_run;
   std::vector<Table> tables;
-  std::vector<double> fp_by_tensor, miss_by_tensor;
-  double pred_bytes = 0, fp_bytes = 0, known_bytes = 0, miss_bytes = 0;
+  std::vector<double> fp_by_tensor, miss_by_tensor, first_by_tensor;
+  double pred_bytes = 0, fp_bytes = 0, known_bytes = 0, miss_bytes = 0, first_bytes = 0,
+         accessed_bytes = 0;
   std::vector<std::size_t> stamp_p, stamp_a;
 
   Impl(const TraceFeed& f, std::uint32_t horizon) : feed(f), h(std::max(1u, horizon)) {
@@ -133,13 +141,15 @@ struct Diagnoser::Impl {
     tables.emplace_back("how often the next switch (same from->to jobs) happened before",
                         std::vector<std::string>{"0 (first of its kind)", "1", "2+",
                                                  fmt::format("no switch within {}", h)});
-    tables.emplace_back("steps ahead: predicted (FP), actual first access (miss)", dist_labels());
+    tables.emplace_back("steps ahead: predicted (FP), actual first access (miss, first touch)",
+                        dist_labels());
     tables.emplace_back("FP only: when the tensor was really accessed next",
                         std::vector<std::string>{fmt::format("[{},{})", h, 2 * h),
                                                  fmt::format("[{},{})", 2 * h, 8 * h),
                                                  fmt::format(">={}", 8 * h), "never again"});
     fp_by_tensor.assign(nt, 0);
     miss_by_tensor.assign(nt, 0);
+    first_by_tensor.assign(nt, 0);
     stamp_p.assign(nt, SIZE_MAX);
     stamp_a.assign(nt, SIZE_MAX);
   }
@@ -174,16 +184,18 @@ struct Diagnoser::Impl {
       c[kOrdinal] = std::min<std::uint32_t>(ordinal[k + to_switch[k]], 2);
     return c;
   }
-  void add(std::array<std::size_t, 10> c, std::uint32_t t, bool fp, double b) {
+  void add(std::array<std::size_t, 10> c, std::uint32_t t, Err e, double b) {
     const trace::Tensor& x = feed.trace().tensors[t];
     c[kRole] = static_cast<std::size_t>(x.role);
     c[kJob] = std::min<std::size_t>(x.job, tables[kJob].labels.size() - 1);
     for (std::size_t d = 0; d < tables.size(); ++d) {
-      if (!fp && d == kNext) continue;
-      (fp ? tables[d].fp : tables[d].miss)[c[d]] += b;
+      if (e != Err::fp && d == kNext) continue;
+      Table& tb = tables[d];
+      (e == Err::fp ? tb.fp : e == Err::miss ? tb.miss : tb.first)[c[d]] += b;
     }
-    (fp ? fp_by_tensor : miss_by_tensor)[t] += b;
-    (fp ? fp_by_run : miss_by_run)[cur_run] += b;
+    (e == Err::fp ? fp_by_tensor : e == Err::miss ? miss_by_tensor : first_by_tensor)[t] += b;
+    if (e == Err::fp) fp_by_run[cur_run] += b;
+    if (e == Err::miss) miss_by_run[cur_run] += b;
   }
   std::size_t cur_run = 0;
 
@@ -204,25 +216,26 @@ struct Diagnoser::Impl {
       auto c = ctx;
       c[kAhead] = dist_bucket(p.ops_ahead);
       c[kNext] = nx == kNever ? 3 : nx < k + 2 * h ? 0 : nx < k + 8 * h ? 1 : 2;
-      add(c, p.tensor, true, b);
+      add(c, p.tensor, Err::fp, b);
     }
     for (std::size_t s = k; s < std::min<std::size_t>(n, k + h); ++s)
       for (std::size_t i = st.begin[s]; i < st.begin[s + 1]; ++i) {
         const std::uint32_t t = st.tensors[i];
         if (stamp_a[t] == k) continue;
         stamp_a[t] = k;
-        if (first_event[t] >= k) continue;  // a first touch: not counted in recall
         const double b = double(tr.tensors[t].bytes);
-        known_bytes += b;
+        const bool first = first_event[t] >= k;  // a first touch: no online predictor names it
+        accessed_bytes += b;
+        if (!first) known_bytes += b;
         if (stamp_p[t] == k) continue;
-        miss_bytes += b;
+        (first ? first_bytes : miss_bytes) += b;
         auto c = ctx;
         c[kAhead] = dist_bucket(s - k);
         const trace::Op& o = feed.step_op(s);
         c[kPhase] =
             std::min<std::size_t>(o.job, tables[kJob].labels.size() - 1) * trace::kNumPhases +
             static_cast<std::size_t>(o.phase);
-        add(c, t, false, b);
+        add(c, t, first ? Err::first : Err::miss, b);
       }
   }
 };
@@ -247,28 +260,44 @@ double Diagnoser::known_bytes() const {
 double Diagnoser::missed_bytes() const {
   return impl_->miss_bytes;
 }
+double Diagnoser::accessed_bytes() const {
+  return impl_->accessed_bytes;
+}
+double Diagnoser::first_touch_missed_bytes() const {
+  return impl_->first_bytes;
+}
 
-std::string Diagnoser::report(std::size_t top) const {
+nlohmann::json Diagnoser::to_json(std::size_t top) const {
   const Impl& d = *impl_;
   auto pct = [](double a, double b) { return b > 0 ? 100 * a / b : 0.0; };
-  std::string s = fmt::format(
-      "horizon {} steps, after warm-up. FP = predicted, not read/written within the horizon "
-      "({:.1f}% of {:.4g} predicted bytes); miss = read/written, already seen, not predicted "
-      "({:.1f}% of {:.4g} bytes). Shares below are of all predicted bytes (FP) and of all known "
-      "accessed bytes (miss). For a miss, job:phase is that of the op that accessed it.\n",
-      d.h, pct(d.fp_bytes, d.pred_bytes), d.pred_bytes, pct(d.miss_bytes, d.known_bytes),
-      d.known_bytes);
+  nlohmann::json j = {
+      {"horizon", d.h},
+      {"figures",
+       "computed from the trace, after warm-up; fp_pct: share of predicted bytes; miss_pct "
+       "(known tensors) and first_touch_pct (tensors never seen before): shares of accessed "
+       "bytes"},
+      {"predicted_bytes", d.pred_bytes},
+      {"false_positive_bytes", d.fp_bytes},
+      {"accessed_bytes", d.accessed_bytes},
+      {"known_bytes", d.known_bytes},
+      {"missed_bytes", d.miss_bytes},
+      {"first_touch_missed_bytes", d.first_bytes}};
+  nlohmann::json tables = nlohmann::json::array();
   for (const Table& t : d.tables) {
-    s += fmt::format("\n  {}\n  {:<44} {:>8} {:>8}\n", t.title, "", "FP%", "miss%");
+    nlohmann::json rows = nlohmann::json::array();
     for (std::size_t i = 0; i < t.labels.size(); ++i) {
-      if (t.fp[i] == 0 && t.miss[i] == 0) continue;
-      s += fmt::format("  {:<44} {:>8.2f} {:>8.2f}\n", t.labels[i], pct(t.fp[i], d.pred_bytes),
-                       pct(t.miss[i], d.known_bytes));
+      if (t.fp[i] == 0 && t.miss[i] == 0 && t.first[i] == 0) continue;
+      rows.push_back({{"label", t.labels[i]},
+                      {"fp_pct", pct(t.fp[i], d.pred_bytes)},
+                      {"miss_pct", pct(t.miss[i], d.accessed_bytes)},
+                      {"first_touch_pct", pct(t.first[i], d.accessed_bytes)}});
     }
+    tables.push_back({{"title", t.title}, {"rows", rows}});
   }
+  j["tables"] = tables;
   // Names with their numbers folded ("layer_#", "req_#"), so that one
   // mechanism's errors across layers and requests add up to one line.
-  auto top_list = [&](const std::vector<double>& v, double total, const char* what) {
+  auto top_list = [&](const std::vector<double>& v, double total) {
     std::map<std::string, double> by_pattern;
     for (std::size_t t = 0; t < v.size(); ++t) {
       if (v[t] == 0) continue;
@@ -284,35 +313,79 @@ std::string Diagnoser::report(std::size_t top) const {
     for (auto& [n, b] : by_pattern) rows.emplace_back(b, n);
     std::size_t m = std::min(top, rows.size());
     std::partial_sort(rows.begin(), rows.begin() + m, rows.end(), std::greater<>());
-    s += fmt::format("\n  top tensor name patterns by {} bytes\n", what);
+    nlohmann::json out = nlohmann::json::array();
     for (std::size_t i = 0; i < m; ++i)
-      s += fmt::format("  {:>8.2f}%  {}\n", pct(rows[i].first, total), rows[i].second);
+      out.push_back({{"pct", pct(rows[i].first, total)}, {"pattern", rows[i].second}});
+    return out;
   };
-  top_list(d.fp_by_tensor, d.pred_bytes, "false-positive");
-  top_list(d.miss_by_tensor, d.known_bytes, "missed");
+  j["top_patterns"] = {{"false_positive", top_list(d.fp_by_tensor, d.pred_bytes)},
+                       {"missed", top_list(d.miss_by_tensor, d.accessed_bytes)},
+                       {"first_touch", top_list(d.first_by_tensor, d.accessed_bytes)}};
   // Where in the trace: the runs of one job whose decision points erred most.
-  auto run_list = [&](const std::vector<double>& v, double total, const char* what) {
+  auto run_list = [&](const std::vector<double>& v, double total) {
     std::vector<std::size_t> idx(v.size());
     for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
     std::size_t m = std::min(top, idx.size());
     std::partial_sort(idx.begin(), idx.begin() + m, idx.end(),
                       [&](std::size_t a, std::size_t b) { return v[a] > v[b]; });
-    s += fmt::format("\n  runs of one job with the most {} bytes (decision points in the run)\n",
-                     what);
     const std::size_t n = d.feed.num_steps();
+    nlohmann::json out = nlohmann::json::array();
     for (std::size_t i = 0; i < m && v[idx[i]] > 0; ++i) {
       const std::size_t r = idx[i];
       const std::uint64_t b = d.run_start[r],
                           e = r + 1 < d.run_start.size() ? d.run_start[r + 1] : n;
       const trace::Op& o0 = d.feed.step_op(b);
       const trace::Op& o1 = d.feed.step_op(e - 1);
-      s += fmt::format("  {:>8.2f}%  run {} steps [{},{}) job {} iterations {}..{}\n",
-                       pct(v[r], total), r, b, e, d.feed.trace().jobs.at(o0.job), o0.iteration,
-                       o1.iteration);
+      out.push_back({{"pct", pct(v[r], total)},
+                     {"run", r},
+                     {"steps", {b, e}},
+                     {"job", d.feed.trace().jobs.at(o0.job)},
+                     {"iterations", {o0.iteration, o1.iteration}}});
     }
+    return out;
   };
-  run_list(d.fp_by_run, d.pred_bytes, "false-positive");
-  run_list(d.miss_by_run, d.known_bytes, "missed");
+  j["top_runs"] = {{"false_positive", run_list(d.fp_by_run, d.pred_bytes)},
+                   {"missed", run_list(d.miss_by_run, d.accessed_bytes)}};
+  return j;
+}
+
+// The text form is rendered from to_json(), so the two cannot disagree.
+std::string Diagnoser::report(std::size_t top) const {
+  const nlohmann::json j = to_json(top);
+  auto pct = [](double a, double b) { return b > 0 ? 100 * a / b : 0.0; };
+  const double pred = j["predicted_bytes"], acc = j["accessed_bytes"];
+  std::string s = fmt::format(
+      "horizon {} steps, after warm-up, computed from the trace. FP = predicted, not read/written "
+      "within the horizon ({:.1f}% of {:.4g} predicted bytes); miss = read/written, already seen, "
+      "not predicted ({:.1f}%); first = read/written, never seen before: no online predictor "
+      "names it ({:.1f}%); miss and first are shares of {:.4g} accessed bytes. For a miss or "
+      "first touch, job:phase is that of the op that accessed it.\n",
+      j["horizon"].get<std::uint32_t>(), pct(j["false_positive_bytes"], pred), pred,
+      pct(j["missed_bytes"], acc), pct(j["first_touch_missed_bytes"], acc), acc);
+  for (const auto& t : j["tables"]) {
+    s += fmt::format("\n  {}\n  {:<44} {:>8} {:>8} {:>8}\n", t["title"].get<std::string>(), "",
+                     "FP%", "miss%", "first%");
+    for (const auto& r : t["rows"])
+      s += fmt::format("  {:<44} {:>8.2f} {:>8.2f} {:>8.2f}\n", r["label"].get<std::string>(),
+                       r["fp_pct"].get<double>(), r["miss_pct"].get<double>(),
+                       r["first_touch_pct"].get<double>());
+  }
+  for (const char* k : {"false_positive", "missed", "first_touch"}) {
+    s += fmt::format("\n  top tensor name patterns by {} bytes\n", k);
+    for (const auto& r : j["top_patterns"][k])
+      s +=
+          fmt::format("  {:>8.2f}%  {}\n", r["pct"].get<double>(), r["pattern"].get<std::string>());
+  }
+  for (const char* k : {"false_positive", "missed"}) {
+    s +=
+        fmt::format("\n  runs of one job with the most {} bytes (decision points in the run)\n", k);
+    for (const auto& r : j["top_runs"][k])
+      s += fmt::format("  {:>8.2f}%  run {} steps [{},{}) job {} iterations {}..{}\n",
+                       r["pct"].get<double>(), r["run"].get<std::size_t>(),
+                       r["steps"][0].get<std::uint64_t>(), r["steps"][1].get<std::uint64_t>(),
+                       r["job"].get<std::string>(), r["iterations"][0].get<std::uint32_t>(),
+                       r["iterations"][1].get<std::uint32_t>());
+  }
   return s;
 }
 

@@ -10,12 +10,25 @@
 // - The predictor is asked once per decision with the largest horizon; the
 //   smaller horizons' sets are the entries with ops_ahead below them.
 // Total: O(events log steps + Σ|P|).
+//
+// Note [No future in the query]
+// Everything the predictor is given at decision point k (the events, and
+// the horizon it is asked for) depends only on steps before k. The evaluator
+// reads the future for one thing only: the actual sets A. So the context of
+// a decision (which job is "running", its warm-up, its one-iteration
+// horizon) is that of step k-1, the last one that happened, never of step k:
+// taking the horizon from the upcoming op would tell the predictor, through
+// the size of the question, that step k starts a new iteration or belongs to
+// another job. A job's iteration span is known once the first op of its next
+// iteration has been observed. tests/predict/test_eval.cpp (QueryIgnoresTheFuture)
+// checks this with a spy predictor on two traces that differ only from step k.
 #include "u3m/predict/eval.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -67,19 +80,25 @@ double HorizonMetrics::precision() const {
   return ratio(sums.hit_bytes, sums.pred_bytes);
 }
 double HorizonMetrics::recall() const {
+  return ratio(sums.hit_bytes, sums.act_bytes);
+}
+double HorizonMetrics::recall_known() const {
   return ratio(sums.hitk_bytes, sums.actk_bytes);
 }
-double HorizonMetrics::recall_all() const {
-  return ratio(sums.hit_bytes, sums.act_bytes);
+double HorizonMetrics::recall_ceiling() const {
+  return ratio(sums.actk_bytes, sums.act_bytes);
 }
 double HorizonMetrics::precision_count() const {
   return ratio(sums.hit_count, sums.pred_count);
 }
 double HorizonMetrics::recall_count() const {
+  return ratio(sums.hit_count, sums.act_count);
+}
+double HorizonMetrics::recall_known_count() const {
   return ratio(sums.hitk_count, sums.actk_count);
 }
-double HorizonMetrics::recall_all_count() const {
-  return ratio(sums.hit_count, sums.act_count);
+double HorizonMetrics::recall_ceiling_count() const {
+  return ratio(sums.actk_count, sums.act_count);
 }
 
 double f1(double p, double r) {
@@ -138,14 +157,16 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
                              ? opt.iteration_stride
                              : static_cast<std::uint32_t>(std::max<std::size_t>(1, n / 20000));
 
-  // Per job, online: iterations seen (warm-up) and the span, in global
-  // steps, of its last complete iteration (the "one iteration" horizon).
+  // Per job, from the steps already observed: iterations seen (warm-up) and
+  // the span, in global steps, of its last complete iteration (the "one
+  // iteration" horizon). Note [No future in the query].
   struct JobTrack {
     bool started = false;
     std::uint32_t iteration = 0, iterations_seen = 0;
     std::uint64_t first = 0, last = 0, span = 0;
   };
   std::vector<JobTrack> jobs(tr.jobs.size() + 1);
+  std::size_t prev_job = SIZE_MAX;  // the job of step k-1 (an index: jobs may grow)
 
   std::vector<Predicted> out, entered;
   std::vector<std::uint32_t> left;
@@ -159,23 +180,15 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
   double ns = 0;
 
   for (std::size_t k = 0; k < n; ++k) {
-    const trace::Op& op = feed.step_op(k);
-    if (op.job >= jobs.size()) jobs.resize(op.job + 1);
-    JobTrack& jt = jobs[op.job];
-    if (!jt.started || op.iteration != jt.iteration) {
-      if (jt.started) jt.span = jt.last - jt.first + 1;
-      jt.started = true;
-      jt.iteration = op.iteration;
-      ++jt.iterations_seen;
-      jt.first = k;
-    }
-    jt.last = k;
-    const bool warm = jt.iterations_seen <= opt.warmup_iterations;
+    const JobTrack* current = prev_job == SIZE_MAX ? nullptr : &jobs[prev_job];
+    const bool warm = opt.warmup_iterations > 0 &&
+                      (!current || current->iterations_seen <= opt.warmup_iterations);
     const bool do_iter = opt.iteration_horizon && k % res.iteration_stride == 0;
     std::uint32_t h_iter = 0;
     if (do_iter) {
-      h_iter = jt.span ? static_cast<std::uint32_t>(jt.span) : opt.fallback_horizon;
-      if (!jt.span) ++res.iteration_fallback_decisions;
+      h_iter = current && current->span ? static_cast<std::uint32_t>(current->span)
+                                        : opt.fallback_horizon;
+      if (!current || !current->span) ++res.iteration_fallback_decisions;
     }
     const std::uint32_t ask = std::max(max_fixed, h_iter);
 
@@ -291,6 +304,19 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
       known_b.add(nx, static_cast<std::int64_t>(tr.tensors[t].bytes));
       known_c.add(nx, 1);
     }
+    // Step k is now the past: it sets the context of the next decision.
+    const trace::Op& op = feed.step_op(k);
+    if (op.job >= jobs.size()) jobs.resize(op.job + 1);
+    JobTrack& jt = jobs[op.job];
+    if (!jt.started || op.iteration != jt.iteration) {
+      if (jt.started) jt.span = jt.last - jt.first + 1;
+      jt.started = true;
+      jt.iteration = op.iteration;
+      ++jt.iterations_seen;
+      jt.first = k;
+    }
+    jt.last = k;
+    prev_job = op.job;
   }
   res.predictor_ns = ns;
   return res;
@@ -302,26 +328,26 @@ nlohmann::json num(double v) {
 }
 
 nlohmann::json metrics_json(const HorizonMetrics& m) {
-  double p = m.precision(), r = m.recall(), pc = m.precision_count(), rc = m.recall_count();
-  const HorizonSums& s = m.sums;
-  return {{"precision", num(p)},
-          {"recall", num(r)},
-          {"f1", f1(p, r)},
-          {"precision_count", num(pc)},
-          {"recall_count", num(rc)},
-          {"f1_count", f1(pc, rc)},
-          {"recall_all", num(m.recall_all())},
-          {"f1_all", f1(p, m.recall_all())},
-          {"recall_all_count", num(m.recall_all_count())},
-          {"first_touch_bytes_share", num(1 - ratio(s.actk_bytes, s.act_bytes))},
-          {"decisions", s.decisions},
-          {"including_warmup", [&] {
-             HorizonMetrics w{m.horizon, m.with_warmup, m.with_warmup};
-             return nlohmann::json{{"precision", num(w.precision())},
-                                   {"recall", num(w.recall())},
-                                   {"f1", f1(w.precision(), w.recall())},
-                                   {"decisions", w.sums.decisions}};
-           }()}};
+  const double p = m.precision(), pc = m.precision_count();
+  auto with = [&](nlohmann::json& j, const char* name, double r, double rc) {
+    const std::string n = name;
+    j["recall" + n] = num(r);
+    j["f1" + n] = f1(p, r);
+    j["recall" + n + "_count"] = num(rc);
+    j["f1" + n + "_count"] = f1(pc, rc);
+  };
+  nlohmann::json j = {{"precision", num(p)}, {"precision_count", num(pc)}};
+  with(j, "", m.recall(), m.recall_count());
+  with(j, "_known", m.recall_known(), m.recall_known_count());
+  j["recall_ceiling"] = num(m.recall_ceiling());
+  j["recall_ceiling_count"] = num(m.recall_ceiling_count());
+  j["decisions"] = m.sums.decisions;
+  const HorizonMetrics w{m.horizon, m.with_warmup, m.with_warmup};
+  j["including_warmup"] = {
+      {"precision", num(w.precision())},           {"recall", num(w.recall())},
+      {"f1", f1(w.precision(), w.recall())},       {"recall_known", num(w.recall_known())},
+      {"recall_ceiling", num(w.recall_ceiling())}, {"decisions", w.sums.decisions}};
+  return j;
 }
 }  // namespace
 
@@ -330,7 +356,11 @@ void accumulate(EvalResult& into, const EvalResult& r) {
     into = r;
     return;
   }
-  for (std::size_t i = 0; i < into.horizons.size() && i < r.horizons.size(); ++i) {
+  if (into.horizons.size() != r.horizons.size())
+    throw std::invalid_argument("accumulate: results scored at different horizons");
+  for (std::size_t i = 0; i < into.horizons.size(); ++i) {
+    if (into.horizons[i].horizon != r.horizons[i].horizon)
+      throw std::invalid_argument("accumulate: results scored at different horizons");
     into.horizons[i].sums.add(r.horizons[i].sums);
     into.horizons[i].with_warmup.add(r.horizons[i].with_warmup);
   }
@@ -349,7 +379,8 @@ nlohmann::json to_json(const EvalResult& r, const std::string& headline) {
     h[m.horizon] = metrics_json(m);
     if (m.horizon == headline)
       for (const char* k : {"precision", "recall", "f1", "precision_count", "recall_count",
-                            "f1_count", "recall_all", "f1_all"})
+                            "f1_count", "recall_known", "f1_known", "recall_known_count",
+                            "f1_known_count", "recall_ceiling", "recall_ceiling_count"})
         out[k] = h[m.horizon][k];
   }
   out["warmup_events"] = r.warmup_events;

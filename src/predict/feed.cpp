@@ -1,5 +1,5 @@
 // TraceFeed, the predictor registry and shared helpers.
-#include <algorithm>
+#include <utility>
 
 #include <xxhash.h>
 
@@ -64,11 +64,6 @@ TraceFeed::TraceFeed(const trace::Trace& t) : trace_(&t) {
 
 const trace::Op& TraceFeed::step_op(std::size_t s) const {
   return trace_->ops[trace_->events[step_begin_[s]].op];
-}
-
-Access TraceFeed::access(std::size_t i) const {
-  auto it = std::upper_bound(step_begin_.begin(), step_begin_.end() - 1, i);
-  return access_at(i, static_cast<std::size_t>(it - step_begin_.begin()) - 1);
 }
 
 void TraceFeed::feed(Predictor& p, std::size_t first_step, std::size_t end_step) const {

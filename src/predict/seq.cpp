@@ -89,18 +89,31 @@ SeqPredictor::Where SeqPredictor::find_record(const Job& jb, std::uint64_t first
   return {best, 0};
 }
 
-void SeqPredictor::store_record(Job& jb, std::uint64_t next_first_sig) {
+void SeqPredictor::store_record(Job& jb, std::uint64_t next_first_sig, bool across_runs) {
   if (jb.cur.slots.empty()) return;
-  auto& counts = jb.kind_succ[jb.cur.first_sig];
+  using Counts = std::vector<std::pair<std::uint64_t, std::uint32_t>>;
+  Counts& counts = (across_runs ? jb.run_succ : jb.kind_succ)[jb.cur.first_sig];
   std::size_t i = 0;
   while (i < counts.size() && counts[i].first != next_first_sig) ++i;
   if (i == counts.size()) counts.push_back({next_first_sig, 0});
   ++counts[i].second;
-  std::size_t best = i;  // ties go to the latest
-  for (std::size_t k = 0; k < counts.size(); ++k)
-    if (counts[k].second > counts[best].second) best = k;
-  jb.cur.next_sig = counts[best].first;
+  // The most frequent successor; ties go to the latest (the one just counted).
+  auto most_frequent = [](const Counts& c, std::size_t latest) {
+    std::size_t best = latest < c.size() ? latest : 0;
+    for (std::size_t k = 0; k < c.size(); ++k)
+      if (c[k].second > c[best].second) best = k;
+    return c[best].first;
+  };
+  auto within = jb.kind_succ.find(jb.cur.first_sig);
+  auto across = jb.run_succ.find(jb.cur.first_sig);
+  jb.cur.has_next_run = across != jb.run_succ.end();
+  if (jb.cur.has_next_run)
+    jb.cur.next_run_sig = most_frequent(across->second, across_runs ? i : SIZE_MAX);
+  // Without a within-run successor yet, the run-start kind is the best guess.
   jb.cur.has_next = true;
+  jb.cur.next_sig = within != jb.kind_succ.end()
+                        ? most_frequent(within->second, across_runs ? SIZE_MAX : i)
+                        : jb.cur.next_run_sig;
   jb.cur.used = ++uses_;
   int slot = -1;
   for (int i = 0; i < static_cast<int>(jb.records.size()); ++i)
@@ -160,7 +173,7 @@ void SeqPredictor::begin_step(const Access& a) {
   if (new_iteration) {
     ++run_iters_;
     if (run_len_ == 1) run_aligned_ = true;
-    if (jb.started) store_record(jb, a.op_sig);
+    if (jb.started) store_record(jb, a.op_sig, run_len_ == 1);
     jb.started = true;
     jb.iteration = a.iteration;
     ++jb.iter_count;
@@ -359,6 +372,7 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
   bool current = true;
   while (start < horizon && empty_runs <= jobs_.size()) {
     const RunSpec rs = spec(j, current);
+    const bool run_is_current = current;
     current = false;
     const Job& jb = jobs_[j];
     std::uint32_t ahead = start;
@@ -372,7 +386,12 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
       if (c.pos >= r->slots.size()) {                   // into the job's next iteration
         if (rs.wraps >= 0 && wraps >= rs.wraps) break;  // the run ends with the iteration
         ++wraps;
-        const Where nx = r->has_next ? find_record(jb, r->next_sig) : Where{c.rec, 0};
+        // A run of another job that begins at an iteration boundary begins
+        // with the kind that usually begins the job's runs after this kind.
+        const bool run_start = !run_is_current && i == 0;
+        const Where nx = run_start && r->has_next_run ? find_record(jb, r->next_run_sig)
+                         : r->has_next                ? find_record(jb, r->next_sig)
+                                                      : Where{c.rec, 0};
         // The next iteration of the kind in progress: the part of it already
         // executed in this iteration is fresher than the record.
         if (!c.fresh_used && nx.pos == 0 && !jb.cur.slots.empty() &&

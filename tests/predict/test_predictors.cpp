@@ -2,12 +2,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <ostream>
 
 #include "test_util.hpp"
 #include "u3m/predict/step_wheel.hpp"
 #include "u3m/predict/synthetic.hpp"
 
 namespace u3m::predict {
+
+// The listed test names (and CTest's) show the pattern by name, not bytes.
+void PrintTo(SyntheticMixed::Pattern p, std::ostream* os) {
+  *os << (p == SyntheticMixed::Pattern::alternate ? "alternate" : "timeshare");
+}
+
 namespace {
 
 using testing::horizon;
@@ -36,23 +44,50 @@ TEST(Predictors, PeriodicTraceReplayAndDefaultAreExactAfterWarmup) {
       // trace-replay learns an iteration is over only at the next one's first
       // op, so it misses one decision per re-record: ~100%, not exactly.
       EXPECT_GE(horizon(r, h).precision(), 0.99);
+      // After warm-up every tensor is known: recall over all accesses.
       EXPECT_GE(horizon(r, h).recall(), 0.99);
       EXPECT_GE(horizon(r, h).recall_count(), 0.99);
     }
   }
 }
 
-TEST(Predictors, AllNamedPredictorsRunAndStayInRange) {
+TEST(Predictors, AllNamedPredictorsKeepTheContract) {
+  // Note [Predictor contract], checked at every decision point: a predictor
+  // names only tensors that appeared in an earlier event, each at most once,
+  // within the horizon it was asked (64 here: the only horizon scored).
   trace::Trace t = periodic();
+  // Tensor 23 is first touched in iteration 6: an online predictor must not
+  // name it before.
+  for (trace::Event& e : t.events)
+    if (e.tensor == 23 && t.ops[e.op].iteration < 6) e.tensor = 22;
+  TraceFeed feed(t);
+  std::vector<std::size_t> first(t.tensors.size(), SIZE_MAX);
+  for (std::size_t s = 0; s < feed.num_steps(); ++s)
+    for (std::size_t i = feed.step_begin(s); i < feed.step_begin(s + 1); ++i)
+      first[t.events[i].tensor] = std::min(first[t.events[i].tensor], s);
   for (const std::string& name : predictor_names()) {
     SCOPED_TRACE(name);
-    EvalResult r = testing::run(t, name);
+    auto p = make_predictor(name, &feed);
+    EvalOptions opt;
+    opt.horizons = {64};
+    opt.iteration_horizon = false;
+    std::size_t named = 0, violations = 0;
+    std::vector<std::size_t> stamp(t.tensors.size(), SIZE_MAX);
+    opt.on_decision = [&](std::size_t k, const std::vector<Predicted>& out, bool) {
+      for (const Predicted& q : out) {
+        ++named;
+        const bool ok = q.tensor < t.tensors.size() && first[q.tensor] < k &&
+                        stamp[q.tensor] != k && q.ops_ahead < 64;
+        if (!ok && violations++ < 3)
+          ADD_FAILURE() << "decision " << k << ": tensor " << q.tensor << " ops_ahead "
+                        << q.ops_ahead;
+        if (q.tensor < t.tensors.size()) stamp[q.tensor] = k;
+      }
+    };
+    EvalResult r = evaluate(feed, *p, opt);
     EXPECT_EQ(r.predictor, name);
-    const HorizonMetrics& h = horizon(r, "64");
-    EXPECT_GT(h.sums.pred_count, 0);
-    EXPECT_GE(h.precision(), 0.0);
-    EXPECT_LE(h.precision(), 1.0);
-    EXPECT_LE(h.recall(), 1.0);
+    EXPECT_GT(named, 0u);
+    EXPECT_EQ(violations, 0u);
   }
 }
 
@@ -135,6 +170,10 @@ TEST(StepWheel, SchedulesExpiresAndReschedules) {
 }
 
 // The mixed train+serve traces, both interleavings.
+std::string pattern_name(SyntheticMixed::Pattern p) {
+  return ::testing::PrintToString(p);
+}
+
 class Mixed : public ::testing::TestWithParam<SyntheticMixed::Pattern> {};
 
 TEST_P(Mixed, DefaultPredictorIsAccurateAndBeatsTheBaselines) {
@@ -149,10 +188,13 @@ TEST_P(Mixed, DefaultPredictorIsAccurateAndBeatsTheBaselines) {
   for (const char* h : {"8", "64", "iteration"}) {
     SCOPED_TRACE(h);
     const HorizonMetrics& m = horizon(seq, h);
+    std::printf("%s H=%s: P %.4f R %.4f R_known %.4f ceiling %.4f\n",
+                pattern_name(GetParam()).c_str(), h, m.precision(), m.recall(), m.recall_known(),
+                m.recall_ceiling());
     EXPECT_GE(m.precision(), 0.9);
-    EXPECT_GE(m.recall(), 0.85);
+    EXPECT_GE(m.recall_known(), 0.85);
     EXPECT_GE(m.precision_count(), 0.85);
-    EXPECT_GE(m.recall_count(), 0.88);
+    EXPECT_GE(m.recall_known_count(), 0.88);
   }
   double best = f1(horizon(seq, "64").precision(), horizon(seq, "64").recall());
   for (const char* base : {"lru", "markov-reuse", "trace-replay", "u3m"}) {
@@ -162,14 +204,17 @@ TEST_P(Mixed, DefaultPredictorIsAccurateAndBeatsTheBaselines) {
   }
   EvalResult o = testing::run(t, "oracle");
   EXPECT_DOUBLE_EQ(horizon(o, "64").precision(), 1.0);
-  EXPECT_DOUBLE_EQ(horizon(o, "64").recall(), 1.0);
-  // First touches (new KV blocks) exist and are reported, not hidden.
-  EXPECT_LT(horizon(o, "64").recall_all(), 1.0);
+  EXPECT_DOUBLE_EQ(horizon(o, "64").recall_known(), 1.0);
+  // First touches (new KV blocks) exist and are reported, not hidden: the
+  // oracle's recall over all accesses is the ceiling, below 1.
+  EXPECT_DOUBLE_EQ(horizon(o, "64").recall(), horizon(o, "64").recall_ceiling());
+  EXPECT_LT(horizon(o, "64").recall(), 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Patterns, Mixed,
                          ::testing::Values(SyntheticMixed::Pattern::alternate,
-                                           SyntheticMixed::Pattern::timeshare));
+                                           SyntheticMixed::Pattern::timeshare),
+                         [](const auto& i) { return pattern_name(i.param); });
 
 }  // namespace
 }  // namespace u3m::predict

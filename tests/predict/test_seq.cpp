@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.hpp"
 #include "u3m/predict/diagnose.hpp"
 #include "u3m/predict/seq.hpp"
@@ -173,10 +175,18 @@ TEST(Diagnoser, TotalsAgreeWithTheEvaluator) {
   const HorizonSums& s = horizon(r, "64").sums;
   EXPECT_DOUBLE_EQ(d.predicted_bytes(), s.pred_bytes);
   EXPECT_DOUBLE_EQ(d.false_positive_bytes(), s.pred_bytes - s.hit_bytes);
+  EXPECT_DOUBLE_EQ(d.accessed_bytes(), s.act_bytes);
   EXPECT_DOUBLE_EQ(d.known_bytes(), s.actk_bytes);
   EXPECT_DOUBLE_EQ(d.missed_bytes(), s.actk_bytes - s.hitk_bytes);
+  // First touches exist here (new KV blocks) and are reported apart.
+  EXPECT_GT(d.first_touch_missed_bytes(), 0);
+  EXPECT_DOUBLE_EQ(d.first_touch_missed_bytes(),
+                   (s.act_bytes - s.actk_bytes) - (s.hit_bytes - s.hitk_bytes));
   EXPECT_GT(d.false_positive_bytes(), 0);  // lru errs here: the tables have content
   EXPECT_NE(d.report().find("tensor role"), std::string::npos);
+  const nlohmann::json j = d.to_json();
+  EXPECT_DOUBLE_EQ(j.at("false_positive_bytes").get<double>(), d.false_positive_bytes());
+  EXPECT_FALSE(j.at("top_patterns").at("first_touch").empty());
 }
 
 TEST(TraceReplay, EachJobKeepsItsOwnRecordAcrossInterleavings) {

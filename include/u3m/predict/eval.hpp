@@ -19,8 +19,9 @@ struct EvalOptions {
   std::vector<std::uint32_t> horizons = {8, 64};  // in op steps
   bool iteration_horizon = true;                  // also the "one iteration" horizon
   std::uint32_t fallback_horizon = 64;            // iteration horizon before a job finished one
-  // Decision points in the first `warmup_iterations` iterations of their
-  // job are excluded from the headline figures (reported, never silent).
+  // Decision points in the first `warmup_iterations` iterations of the job
+  // that ran the step before them are excluded from the headline figures
+  // (reported, never silent).
   std::uint32_t warmup_iterations = 1;
   // Evaluate the iteration horizon at every n-th decision point; 0 = auto
   // (1 up to 20000 steps, then steps / 20000). Reported.
@@ -31,6 +32,8 @@ struct EvalOptions {
   std::uint32_t window_delta = 0;
   // Called at every decision point k with the predictor's answer (asked for
   // the largest horizon) and whether k is in warm-up; e.g. Diagnoser.
+  // (The hook, like the scoring, may read the future; the predictor's
+  // arguments never do: Note [No future in the query] in eval.cpp.)
   std::function<void(std::size_t k, const std::vector<Predicted>& out, bool warm)> on_decision;
 };
 
@@ -49,19 +52,26 @@ struct HorizonMetrics {
   std::string horizon;  // "8", "64", "iteration"
   HorizonSums sums;     // after warm-up
   HorizonSums with_warmup;
-  // Derived (NaN when the denominator is 0).
-  double precision() const;   // bytes(P∩A) / bytes(P)
-  double recall() const;      // bytes(P∩A_known) / bytes(A_known)
-  double recall_all() const;  // bytes(P∩A_all) / bytes(A_all)
+  // Derived (NaN when the denominator is 0). The unqualified recall is the
+  // issue's: over every access, first touches counting as misses.
+  double precision() const;     // bytes(P∩A) / bytes(P)
+  double recall() const;        // bytes(P∩A) / bytes(A)
+  double recall_known() const;  // bytes(P∩A_known) / bytes(A_known)
+  // bytes(A_known) / bytes(A): the most recall() any online predictor can
+  // reach (it can only name tensors it has seen); what the oracle reaches.
+  double recall_ceiling() const;
   double precision_count() const;
   double recall_count() const;
-  double recall_all_count() const;
+  double recall_known_count() const;
+  double recall_ceiling_count() const;
 };
 
 struct EvalResult {
   std::string predictor;
   std::vector<HorizonMetrics> horizons;
   std::uint64_t events = 0, steps = 0;
+  // Excluded decision points (warmup_steps; each precedes one step) and the
+  // events of the steps they precede.
   std::uint64_t warmup_events = 0, warmup_steps = 0;
   std::uint64_t iteration_fallback_decisions = 0;  // used fallback_horizon
   std::uint32_t iteration_stride = 1;
@@ -78,8 +88,9 @@ void accumulate(EvalResult& into, const EvalResult& r);
 
 double f1(double precision, double recall);  // 0 if either is 0 or NaN
 // {"precision", "recall", "f1", "precision_count", "recall_count",
-//  "f1_count", "warmup_events", "ns_per_event", ...} at `headline` (a
-// horizon name), plus every horizon under "horizons".
+//  "f1_count", "recall_known", "f1_known", "recall_ceiling", ...,
+//  "warmup_events", "ns_per_event", ...} at `headline` (a horizon name), plus
+// every horizon under "horizons".
 nlohmann::json to_json(const EvalResult& r, const std::string& headline);
 
 }  // namespace u3m::predict

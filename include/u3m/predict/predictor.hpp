@@ -122,8 +122,8 @@ class TraceFeed {
   std::size_t num_events() const { return trace_->events.size(); }
   // Events [step_begin(s), step_begin(s+1)) form step s.
   std::size_t step_begin(std::size_t s) const { return step_begin_[s]; }
-  Access access(std::size_t event_index) const;
-  Access access_at(std::size_t event_index, std::size_t step) const;  // step known
+  // Event `event_index` as an Access; `step` is the step it belongs to.
+  Access access_at(std::size_t event_index, std::size_t step) const;
   const trace::Op& step_op(std::size_t s) const;
   // Feeds steps [0, n) to p (observe each event, then step_done).
   void feed(Predictor& p, std::size_t first_step, std::size_t end_step) const;

@@ -54,6 +54,11 @@ class SeqPredictor final : public Predictor {
     std::uint64_t first_sig = 0;
     std::uint64_t next_sig = 0;  // first op of the iteration that most often followed its kind
     bool has_next = false;
+    // The same across a break: the kind of iteration that most often began
+    // the job's next run after a run ended with this kind (a rollout begins
+    // with a prefill although decode follows decode within it).
+    std::uint64_t next_run_sig = 0;
+    bool has_next_run = false;
     std::uint64_t used = 0;        // for replacement
     std::uint64_t version = 0;     // unique per recorded iteration (window identity)
     std::uint32_t iter_count = 0;  // the job's iteration count when recorded
@@ -71,8 +76,9 @@ class SeqPredictor final : public Predictor {
     std::unordered_map<std::uint64_t, Where> where;
     // How often each kind of iteration (first op) was followed by each kind:
     // a record's successor is the most frequent one, not merely the last.
+    // Counted apart when another job ran in between (run_succ).
     std::unordered_map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::uint32_t>>>
-        kind_succ;
+        kind_succ, run_succ;
     std::uint32_t misses = 0;    // consecutive ops that matched nothing recorded
     bool shape_changed = false;  // this iteration replaced a recorded transient
     std::uint32_t iteration = 0;
@@ -121,7 +127,8 @@ class SeqPredictor final : public Predictor {
   // (rec -1 if nothing recorded matches).
   Where locate(const Job& jb, std::uint64_t sig) const;
   bool lost(const Job& jb) const { return jb.misses >= p_.lost_after; }
-  void store_record(Job& jb, std::uint64_t next_first_sig);
+  // `across_runs`: another job ran between this iteration and the next.
+  void store_record(Job& jb, std::uint64_t next_first_sig, bool across_runs);
 
   SeqParams p_;
   std::vector<Job> jobs_;
