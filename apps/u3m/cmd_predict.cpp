@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/predict/diagnose.hpp"
 #include "u3m/predict/eval.hpp"
@@ -34,12 +35,6 @@ struct PredictEvalArgs {
   bool diagnose = false;
   bool window_delta = false;
 };
-
-std::string machine() {
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return fmt::format("{} ({} hardware threads)", host, std::thread::hardware_concurrency());
-}
 
 // The --predictors list: every name known, none empty, none twice.
 std::vector<std::string> parse_predictors(const std::string& list) {

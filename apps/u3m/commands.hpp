@@ -8,5 +8,10 @@ namespace u3m::cli {
 void add_trace_commands(CLI::App& app);       // cmd_trace.cpp: import, stats, convert
 void add_trace_gen_command(CLI::App& trace);  // cmd_gen.cpp: trace gen
 void add_predict_commands(CLI::App& app);     // cmd_predict.cpp: predict eval
+void add_bench_commands(CLI::App& app);       // cmd_bench.cpp: bench copy|ssd|alloc
+void add_mem_commands(CLI::App& app);         // cmd_mem.cpp: mem plan
+void add_bench_copy_command(CLI::App& bench);   // cmd_bench_copy.cpp (device-emu, host)
+void add_bench_ssd_command(CLI::App& bench);    // cmd_bench_ssd.cpp (SSD store)
+void add_bench_alloc_command(CLI::App& bench);  // cmd_bench_alloc.cpp (pool allocator)
 
 }  // namespace u3m::cli

@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "u3m 0.1.0");
   u3m::cli::add_trace_commands(app);
   u3m::cli::add_predict_commands(app);
+  u3m::cli::add_bench_commands(app);
+  u3m::cli::add_mem_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

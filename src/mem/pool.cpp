@@ -1,0 +1,1034 @@
+// The caching pool allocator (DevicePool) and two segment sources. The pool
+// makes no OS calls: memory comes from a SegmentSource. The sources (a
+// virtual address space, and real host memory via mmap/memfd) are at the end.
+#include "u3m/mem/pool.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <charconv>
+#include <limits>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "u3m/util/error.hpp"
+
+namespace u3m::mem {
+
+// Note [Pool structure]
+// A segment is one contiguous range from the source. Its blocks tile it in
+// address order (prev/next), each allocated or free. Free blocks of the small
+// and the large pool sit in two sets ordered by (size, address), so best-fit is
+// one lower_bound: the smallest free block that fits, lowest address among
+// equals. Allocation takes that block and splits off the remainder when the
+// remainder is worth keeping (Note [Pool configuration]); free marks the block
+// free and merges it with free neighbours, so adjacent holes never stay apart.
+// Segments go back to the source only in empty_cache(), or when an allocation
+// would fail otherwise: a freed block is cached and the next request of a
+// similar size is served without a source call (the fast path).
+//
+// Note [Fast path]
+// Splitting and coalescing cost several ordered-set updates per allocation,
+// several times glibc malloc's thread-cache pop. So, as glibc's tcache defers
+// coalescing, a freed block first goes whole into a small cache (at most
+// `fast_cache_blocks`, newest last), and an allocation of exactly its size
+// takes it back with no split, merge or set update. A cached block still
+// counts as free: stats() and snapshot() merge it with free neighbours
+// (the logical layout is the coalesced one), freeing a neighbour merges it for
+// real, and the cache is flushed (merged into the free sets) before the pool
+// grows, before empty_cache() and before compact(), so caching never costs
+// memory. In an expandable range a block next to the free tail is not cached,
+// so the tail is still unmapped at once.
+//
+// Note [Expandable segments]
+// With expandable_segments, each pool (small, large) owns one reserved virtual
+// range instead of many segments. Physical chunks of the source's granularity
+// are mapped at the end as the pool grows, and when the trailing free block
+// spans whole chunks beyond `expandable_keep` bytes they are unmapped at once.
+// Blocks freed anywhere merge with their neighbours inside one range, so the
+// slivers that per-request segments leave at their ends (PyTorch's Note
+// [Expandable Segments]: batch size N+1 after N) cannot form, and mapped bytes
+// track the high-water mark of live blocks rather than a sum of segment sizes.
+// Holes below the highest live block stay mapped; compact() closes them by
+// sliding movable blocks down, after which the tail is unmapped.
+struct PoolBlock {
+  std::uintptr_t ptr = 0;
+  std::uint64_t size = 0, requested = 0, owner = 0, generation = 0;
+  void* segment = nullptr;  // the DevicePool::Segment holding it
+  PoolBlock *prev = nullptr, *next = nullptr;
+  bool allocated = false, movable = false, in_use = false;  // in_use: not on the spare list
+  bool cached = false;  // free, in DevicePool::cache_ (not in a free set)
+  std::uint32_t cache_slot = 0;
+};
+
+struct DevicePool::Segment {
+  const DevicePool* pool = nullptr;
+  std::uintptr_t base = 0;
+  std::uint64_t size = 0;     // bytes mapped (expandable) or allocated (plain)
+  std::uint64_t reserve = 0;  // virtual bytes reserved (expandable only)
+  Kind kind = kSmall;
+  bool expandable = false;
+  PoolBlock *head = nullptr, *tail = nullptr;
+};
+
+namespace {
+
+constexpr bool is_pow2(std::uint64_t x) {
+  return x && !(x & (x - 1));
+}
+// Rounds up; false on overflow.
+bool round_up(std::uint64_t x, std::uint64_t to, std::uint64_t* out) {
+  std::uint64_t r = x % to;
+  if (r == 0) {
+    *out = x;
+    return true;
+  }
+  if (x > std::numeric_limits<std::uint64_t>::max() - (to - r)) return false;
+  *out = x + (to - r);
+  return true;
+}
+void* as_ptr(std::uintptr_t p) {
+  return reinterpret_cast<void*>(p);
+}
+
+}  // namespace
+
+double fragmentation(std::uint64_t largest_free, std::uint64_t total_free) {
+  if (total_free == 0) return 0;
+  return 1.0 - static_cast<double>(largest_free) / static_cast<double>(total_free);
+}
+
+void SpinLock::yield() noexcept {
+  std::this_thread::yield();
+}
+
+// ---- configuration ---------------------------------------------------------
+
+namespace {
+
+std::uint64_t parse_size(std::string_view v, std::string_view where, std::string_view key) {
+  std::uint64_t mult = 1;
+  for (auto [suffix, m] : {std::pair{"GiB", GiB}, std::pair{"MiB", MiB}, std::pair{"KiB", KiB}}) {
+    std::string_view s(suffix);
+    if (v.size() > s.size() && v.substr(v.size() - s.size()) == s) {
+      v.remove_suffix(s.size());
+      mult = m;
+      break;
+    }
+  }
+  std::uint64_t n = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || v.empty()) {
+    input_error(where, "{}: '{}' is not a size (bytes, or N with KiB/MiB/GiB)", key, v);
+  }
+  if (n > std::numeric_limits<std::uint64_t>::max() / mult)
+    input_error(where, "{}: too large", key);
+  return n * mult;
+}
+
+bool parse_bool(std::string_view v, std::string_view where, std::string_view key) {
+  if (v == "true" || v == "True" || v == "1") return true;
+  if (v == "false" || v == "False" || v == "0") return false;
+  input_error(where, "{}: '{}' is not true or false", key, v);
+}
+
+}  // namespace
+
+PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
+  PoolConfig c;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    std::size_t colon = item.find(':');
+    if (colon == std::string_view::npos) {
+      input_error(where, "'{}' is not key:value", item);
+    }
+    std::string_view key = item.substr(0, colon), v = item.substr(colon + 1);
+    struct SizeKey {
+      std::string_view name;
+      std::uint64_t PoolConfig::*field;
+    };
+    static constexpr SizeKey kSizes[] = {
+        {"alignment", &PoolConfig::alignment},
+        {"small_size", &PoolConfig::small_size},
+        {"small_segment", &PoolConfig::small_segment},
+        {"large_segment", &PoolConfig::large_segment},
+        {"min_large_alloc", &PoolConfig::min_large_alloc},
+        {"round_large", &PoolConfig::round_large},
+        {"large_split_min", &PoolConfig::large_split_min},
+        {"capacity", &PoolConfig::capacity},
+        {"expandable_reserve", &PoolConfig::expandable_reserve},
+        {"expandable_keep", &PoolConfig::expandable_keep},
+        {"fast_cache_blocks", &PoolConfig::fast_cache_blocks},
+    };
+    bool found = false;
+    for (const SizeKey& k : kSizes) {
+      if (k.name == key) {
+        c.*k.field = parse_size(v, where, key);
+        found = true;
+      }
+    }
+    if (key == "expandable_segments") {
+      c.expandable_segments = parse_bool(v, where, key);
+      found = true;
+    }
+    if (!found) {
+      input_error(where,
+                  "unknown key '{}' (known: alignment, small_size, small_segment, large_segment, "
+                  "min_large_alloc, round_large, large_split_min, capacity, expandable_segments, "
+                  "expandable_reserve, expandable_keep, fast_cache_blocks)",
+                  key);
+    }
+  }
+  c.validate(where);
+  return c;
+}
+
+void PoolConfig::validate(std::string_view where) const {
+  if (!is_pow2(alignment)) input_error(where, "alignment: {} is not a power of two", alignment);
+  if (small_size < alignment) input_error(where, "small_size: must be >= alignment");
+  if (small_segment < small_size) input_error(where, "small_segment: must be >= small_size");
+  if (small_segment % alignment || large_segment % alignment || round_large % alignment) {
+    input_error(where, "segment sizes and round_large must be multiples of alignment");
+  }
+  if (round_large == 0) input_error(where, "round_large: must be > 0");
+  if (large_segment < min_large_alloc) {
+    input_error(where, "large_segment: must be >= min_large_alloc");
+  }
+}
+
+std::string PoolConfig::describe() const {
+  return fmt::format(
+      "alignment:{},small_size:{},small_segment:{},large_segment:{},min_large_alloc:{},"
+      "round_large:{},large_split_min:{},capacity:{},expandable_segments:{},"
+      "expandable_reserve:{},expandable_keep:{},fast_cache_blocks:{}",
+      alignment, small_size, small_segment, large_segment, min_large_alloc, round_large,
+      large_split_min, capacity, expandable_segments, expandable_reserve, expandable_keep,
+      fast_cache_blocks);
+}
+
+// ---- the pool --------------------------------------------------------------
+
+bool DevicePool::BySize::operator()(const PoolBlock* a, const PoolBlock* b) const {
+  return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+}
+
+DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
+    : source_(source),
+      config_(config),
+      granularity_(std::max<std::uint64_t>(source.granularity(), 1)),
+      expandable_(config.expandable_segments) {
+  config_.validate();
+  if (expandable_ && !source.supports_vmm()) {
+    input_error("pool config", "expandable_segments: the segment source has no reserve/map");
+  }
+  if (expandable_ && config_.expandable_reserve == 0) {
+    config_.expandable_reserve = config_.capacity ? config_.capacity : 64 * GiB;
+  }
+  if (expandable_ &&
+      !round_up(config_.expandable_reserve, granularity_, &config_.expandable_reserve)) {
+    input_error("pool config", "expandable_reserve: too large");
+  }
+  cache_.reserve(config_.fast_cache_blocks);
+}
+
+DevicePool::~DevicePool() {
+  std::lock_guard lock(mu_);
+  flush_cache();
+  while (!segments_.empty()) destroy_segment(segments_.back().get());
+}
+
+DevicePool::Kind DevicePool::kind_of(std::uint64_t rounded) const {
+  return rounded <= config_.small_size ? kSmall : kLarge;
+}
+
+PoolBlock* DevicePool::new_block() {
+  PoolBlock* b;
+  if (!spare_blocks_.empty()) {
+    b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    *b = PoolBlock{};
+  } else {
+    b = &block_storage_.emplace_back();
+  }
+  b->in_use = true;
+  return b;
+}
+
+void DevicePool::recycle(PoolBlock* b) {
+  b->in_use = false;
+  b->allocated = false;
+  b->generation = 0;
+  spare_blocks_.push_back(b);
+}
+
+void DevicePool::insert_free(PoolBlock* b) {
+  Kind k = static_cast<Segment*>(b->segment)->kind;
+  free_[k].insert(b);
+  free_bytes_[k] += b->size;
+}
+
+void DevicePool::erase_free(PoolBlock* b) {
+  Kind k = static_cast<Segment*>(b->segment)->kind;
+  free_[k].erase(b);
+  free_bytes_[k] -= b->size;
+}
+
+std::uint64_t DevicePool::total_free() const {
+  return free_bytes_[0] + free_bytes_[1] + cached_bytes_;
+}
+
+std::uint64_t DevicePool::largest_free() const {
+  std::uint64_t largest = 0;
+  free_runs(&largest);
+  return largest;
+}
+
+std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
+  std::uint64_t runs = 0, m = 0;
+  if (cache_.empty()) {  // fully coalesced: each free block is a run
+    for (const FreeSet& f : free_) {
+      if (!f.empty()) m = std::max(m, (*f.rbegin())->size);
+      runs += f.size();
+    }
+  } else {
+    for (const auto& s : segments_) {
+      std::uint64_t run = 0;
+      for (const PoolBlock* b = s->head; b; b = b->next) {
+        if (!b->allocated && run == 0) ++runs;
+        run = b->allocated ? 0 : run + b->size;
+        m = std::max(m, run);
+      }
+    }
+  }
+  *largest = m;
+  return runs;
+}
+
+PoolBlock* DevicePool::pop_cached(std::uint64_t size) {
+  for (std::size_t i = cache_.size(); i-- > 0;) {
+    if (cache_[i]->size == size) {
+      PoolBlock* b = cache_[i];
+      uncache(b);
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+void DevicePool::uncache(PoolBlock* b) {
+  PoolBlock* last = cache_.back();
+  cache_[b->cache_slot] = last;
+  last->cache_slot = b->cache_slot;
+  cache_.pop_back();
+  b->cached = false;
+  cached_bytes_ -= b->size;
+}
+
+void DevicePool::flush_cache() {
+  while (!cache_.empty()) {
+    PoolBlock* b = cache_.back();
+    uncache(b);
+    b = coalesce(b);
+    insert_free(b);
+    auto* seg = static_cast<Segment*>(b->segment);
+    if (seg->expandable && b == seg->tail) trim_tail(seg, config_.expandable_keep);
+  }
+}
+
+void DevicePool::note_reserved(std::int64_t delta) {
+  st_.reserved_bytes += delta;
+  st_.peak_reserved_bytes = std::max(st_.peak_reserved_bytes, st_.reserved_bytes);
+}
+
+bool DevicePool::within_capacity(std::uint64_t more) const {
+  return config_.capacity == 0 ||
+         (st_.reserved_bytes <= config_.capacity && more <= config_.capacity - st_.reserved_bytes);
+}
+
+PoolBlock* DevicePool::best_fit(Kind k, std::uint64_t size) {
+  PoolBlock key;
+  key.size = size;
+  key.ptr = 0;
+  auto it = free_[k].lower_bound(&key);
+  return it == free_[k].end() ? nullptr : *it;
+}
+
+std::uint64_t DevicePool::segment_size(Kind k, std::uint64_t size) const {
+  std::uint64_t s;
+  if (k == kSmall) {
+    s = config_.small_segment;
+  } else if (size < config_.min_large_alloc) {
+    s = config_.large_segment;
+  } else if (!round_up(size, config_.round_large, &s)) {
+    return 0;
+  }
+  if (!round_up(s, granularity_, &s)) return 0;
+  return s;
+}
+
+Status DevicePool::new_segment(Kind k, std::uint64_t size, PoolBlock** out) {
+  std::uint64_t bytes = segment_size(k, size);
+  if (bytes == 0 || !within_capacity(bytes)) return Status::out_of_memory;
+  void* base = nullptr;
+  ++st_.source_calls;
+  Status s = source_.allocate_segment(bytes, &base);
+  if (!ok(s)) return s;
+  if (reinterpret_cast<std::uintptr_t>(base) % config_.alignment) {
+    // A source that cannot honour the alignment is a configuration error.
+    ++st_.source_calls;
+    source_.free_segment(base, bytes);
+    return Status::invalid_argument;
+  }
+  auto seg = std::make_unique<Segment>();
+  seg->pool = this;
+  seg->base = reinterpret_cast<std::uintptr_t>(base);
+  seg->size = bytes;
+  seg->kind = k;
+  PoolBlock* b = new_block();
+  b->ptr = seg->base;
+  b->size = bytes;
+  b->segment = seg.get();
+  seg->head = seg->tail = b;
+  segments_.push_back(std::move(seg));
+  note_reserved(static_cast<std::int64_t>(bytes));
+  insert_free(b);
+  *out = b;
+  return Status::ok;
+}
+
+Status DevicePool::extend_expandable(Kind k, std::uint64_t size, PoolBlock** out) {
+  Segment* seg = expandable_seg_[k];
+  if (!seg) {
+    void* base = nullptr;
+    ++st_.source_calls;
+    Status s = source_.reserve(config_.expandable_reserve, &base);
+    if (!ok(s)) return s;
+    auto owned = std::make_unique<Segment>();
+    seg = owned.get();
+    seg->pool = this;
+    seg->base = reinterpret_cast<std::uintptr_t>(base);
+    seg->reserve = config_.expandable_reserve;
+    seg->kind = k;
+    seg->expandable = true;
+    segments_.push_back(std::move(owned));
+    expandable_seg_[k] = seg;
+  }
+  PoolBlock* tail = seg->tail && !seg->tail->allocated ? seg->tail : nullptr;
+  std::uint64_t have = tail ? tail->size : 0;
+  std::uint64_t bytes;
+  if (!round_up(size - have, granularity_, &bytes)) return Status::out_of_memory;
+  if (bytes > seg->reserve - seg->size || !within_capacity(bytes)) return Status::out_of_memory;
+  ++st_.source_calls;
+  Status s = source_.map(as_ptr(seg->base + seg->size), bytes);
+  if (!ok(s)) return s;
+  if (tail) {
+    erase_free(tail);
+    tail->size += bytes;
+  } else {
+    tail = new_block();
+    tail->ptr = seg->base + seg->size;
+    tail->size = bytes;
+    tail->segment = seg;
+    tail->prev = seg->tail;
+    if (seg->tail) seg->tail->next = tail;
+    if (!seg->head) seg->head = tail;
+    seg->tail = tail;
+  }
+  seg->size += bytes;
+  note_reserved(static_cast<std::int64_t>(bytes));
+  insert_free(tail);
+  *out = tail;
+  return Status::ok;
+}
+
+Status DevicePool::grow(Kind k, std::uint64_t size, PoolBlock** out) {
+  return expandable_ ? extend_expandable(k, size, out) : new_segment(k, size, out);
+}
+
+void DevicePool::split(PoolBlock* b, std::uint64_t size) {
+  // b is off the free set; the remainder goes on it.
+  auto* seg = static_cast<Segment*>(b->segment);
+  PoolBlock* rest = new_block();
+  rest->ptr = b->ptr + size;
+  rest->size = b->size - size;
+  rest->segment = seg;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next) b->next->prev = rest;
+  b->next = rest;
+  if (seg->tail == b) seg->tail = rest;
+  b->size = size;
+  insert_free(rest);
+}
+
+void DevicePool::hand_out(PoolBlock* b, std::uint64_t requested, bool movable, std::uint64_t owner,
+                          PoolAllocation* out) {
+  b->allocated = true;
+  b->requested = requested;
+  b->movable = movable;
+  b->owner = owner;
+  b->generation = next_generation_++;
+  st_.allocated_bytes += b->size;
+  st_.requested_bytes += requested;
+  st_.peak_allocated_bytes = std::max(st_.peak_allocated_bytes, st_.allocated_bytes);
+  ++st_.active_blocks;
+  *out = PoolAllocation{as_ptr(b->ptr), b->size, requested, b, b->generation};
+}
+
+Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movable,
+                            std::uint64_t owner) {
+  if (out == nullptr || bytes == 0) return Status::invalid_argument;
+  std::uint64_t size;
+  if (!round_up(bytes, config_.alignment, &size)) return Status::out_of_memory;
+  Kind k = kind_of(size);
+  std::lock_guard lock(mu_);
+  if (PoolBlock* c = cache_.empty() ? nullptr : pop_cached(size)) {
+    hand_out(c, bytes, movable, owner, out);
+    ++st_.alloc_count;
+    return Status::ok;
+  }
+  PoolBlock* b = best_fit(k, size);
+  if (!b && !cache_.empty()) {
+    flush_cache();
+    b = best_fit(k, size);
+  }
+  if (!b) {
+    Status s = grow(k, size, &b);
+    if (s == Status::out_of_memory && release_cached() > 0) {
+      ++st_.cache_flushes;
+      s = grow(k, size, &b);
+    }
+    if (!ok(s)) {
+      if (s == Status::out_of_memory) ++st_.oom_count;
+      return s;
+    }
+  }
+  erase_free(b);
+  std::uint64_t rest = b->size - size;
+  // The tail of an expandable range is no sliver: it merges with the next
+  // chunk mapped, or is unmapped.
+  auto* seg = static_cast<Segment*>(b->segment);
+  bool open_tail = seg->expandable && seg->tail == b;
+  bool keep_rest =
+      k == kSmall || open_tail ? rest >= config_.alignment : rest > config_.large_split_min;
+  if (keep_rest) split(b, size);
+  hand_out(b, bytes, movable, owner, out);
+  ++st_.alloc_count;
+  return Status::ok;
+}
+
+bool DevicePool::live(const PoolAllocation& a) const {
+  // Blocks are never deallocated (only recycled), so reading a stale handle's
+  // block is safe; the generation tells a stale handle from a live one.
+  const PoolBlock* b = a.block;
+  return b && b->in_use && b->allocated && b->generation == a.generation &&
+         b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr) &&
+         static_cast<const Segment*>(b->segment)->pool == this;
+}
+
+PoolBlock* DevicePool::coalesce(PoolBlock* b) {
+  // Cached neighbours may sit next to free ones (Note [Fast path]): merge
+  // whole runs, not one block a side.
+  auto* seg = static_cast<Segment*>(b->segment);
+  auto take = [this](PoolBlock* x) {
+    if (x->cached) {
+      uncache(x);
+    } else {
+      erase_free(x);
+    }
+  };
+  while (PoolBlock* p = b->prev) {
+    if (p->allocated) break;
+    take(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    if (seg->tail == b) seg->tail = p;
+    recycle(b);
+    b = p;
+  }
+  while (PoolBlock* n = b->next) {
+    if (n->allocated) break;
+    take(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    if (seg->tail == n) seg->tail = b;
+    recycle(n);
+  }
+  return b;
+}
+
+std::uint64_t DevicePool::trim_tail(Segment* s, std::uint64_t keep) {
+  PoolBlock* t = s->tail;
+  if (!t || t->allocated || t->cached) return 0;
+  std::uint64_t from = t->ptr - s->base;
+  std::uint64_t keep_to;
+  if (!round_up(std::min(from + keep, s->size), granularity_, &keep_to) || keep_to >= s->size) {
+    return 0;
+  }
+  std::uint64_t bytes = s->size - keep_to;
+  ++st_.source_calls;
+  if (!ok(source_.unmap(as_ptr(s->base + keep_to), bytes))) return 0;  // still mapped: keep it
+  erase_free(t);
+  t->size -= bytes;
+  if (t->size == 0) {
+    s->tail = t->prev;
+    if (t->prev) t->prev->next = nullptr;
+    if (s->head == t) s->head = nullptr;
+    recycle(t);
+  } else {
+    insert_free(t);
+  }
+  s->size -= bytes;
+  note_reserved(-static_cast<std::int64_t>(bytes));
+  return bytes;
+}
+
+void DevicePool::release_block(PoolBlock* b, bool may_cache) {
+  b->allocated = false;
+  b->generation = 0;
+  st_.allocated_bytes -= b->size;
+  st_.requested_bytes -= b->requested;
+  --st_.active_blocks;
+  auto* s = static_cast<Segment*>(b->segment);
+  if (may_cache && cache_.size() < config_.fast_cache_blocks &&
+      !(s->expandable && (!b->next || !b->next->allocated))) {
+    b->cached = true;
+    b->cache_slot = static_cast<std::uint32_t>(cache_.size());
+    cache_.push_back(b);
+    cached_bytes_ += b->size;
+    return;
+  }
+  b = coalesce(b);
+  insert_free(b);
+  auto* seg = static_cast<Segment*>(b->segment);
+  if (seg->expandable && b == seg->tail) trim_tail(seg, config_.expandable_keep);
+}
+
+Status DevicePool::free(const PoolAllocation& a) {
+  std::lock_guard lock(mu_);
+  if (!live(a)) return Status::invalid_argument;
+  release_block(a.block, true);
+  ++st_.free_count;
+  return Status::ok;
+}
+
+Status DevicePool::set_movable(const PoolAllocation& a, bool movable) {
+  std::lock_guard lock(mu_);
+  if (!live(a)) return Status::invalid_argument;
+  a.block->movable = movable;
+  return Status::ok;
+}
+
+void DevicePool::destroy_segment(Segment* s) {
+  for (PoolBlock* b = s->head; b;) {
+    PoolBlock* n = b->next;
+    if (!b->allocated) {
+      erase_free(b);
+    } else {
+      // Freed with live blocks (pool destroyed): the handles become stale.
+      st_.allocated_bytes -= b->size;
+      st_.requested_bytes -= b->requested;
+      --st_.active_blocks;
+    }
+    recycle(b);
+    b = n;
+  }
+  ++st_.source_calls;
+  if (s->expandable) {
+    if (s->size) {
+      ++st_.source_calls;
+      source_.unmap(as_ptr(s->base), s->size);
+    }
+    source_.release(as_ptr(s->base), s->reserve);
+    expandable_seg_[s->kind] = nullptr;
+  } else {
+    source_.free_segment(as_ptr(s->base), s->size);
+  }
+  note_reserved(-static_cast<std::int64_t>(s->size));
+  auto it = std::find_if(segments_.begin(), segments_.end(),
+                         [s](const std::unique_ptr<Segment>& p) { return p.get() == s; });
+  segments_.erase(it);
+}
+
+std::uint64_t DevicePool::release_cached() {
+  flush_cache();
+  std::uint64_t released = 0;
+  std::vector<Segment*> empty;
+  for (auto& s : segments_) {
+    if (s->expandable) {
+      released += trim_tail(s.get(), 0);
+      if (s->size == 0) empty.push_back(s.get());
+    } else if (s->head == s->tail && !s->head->allocated) {
+      empty.push_back(s.get());
+    }
+  }
+  for (Segment* s : empty) {
+    released += s->size;
+    destroy_segment(s);
+  }
+  return released;
+}
+
+std::uint64_t DevicePool::empty_cache() {
+  std::lock_guard lock(mu_);
+  return release_cached();
+}
+
+// Note [Compaction]
+// The pool cannot move user data: the caller (the runtime, which knows which
+// tensors are unpinned and idle) supplies a callback that copies a block and
+// repoints its owner. The plan is "slide down": movable allocated blocks are
+// taken from the highest address down, and each is moved into the
+// lowest-addressed free block of its pool, below it, that holds it whole. So
+// every move goes strictly down and into free space (source and destination
+// never overlap; no block moves twice), holes fill from the bottom, and the
+// freed space gathers at the top of segments where it merges into one block;
+// an expandable segment then unmaps its tail, and plain segments left wholly
+// free go back on empty_cache(). This is the classic sliding compaction made
+// safe for copy engines that do not support overlapping copies; it does not
+// find the optimal packing (a bin-packing problem). Pinned (non-movable)
+// blocks stay put and bound what can be gained.
+CompactResult DevicePool::compact(const MoveFn& fn) {
+  std::lock_guard lock(mu_);
+  CompactResult r;
+  flush_cache();  // coalesced free space: holes are real blocks to move into
+  r.free_bytes_before = total_free();
+  r.largest_free_before = largest_free();
+  r.fragmentation_before = fragmentation(r.largest_free_before, r.free_bytes_before);
+  std::uint64_t reserved_before = st_.reserved_bytes;
+
+  std::vector<PoolBlock*> movable;
+  for (auto& s : segments_) {
+    for (PoolBlock* b = s->head; b; b = b->next) {
+      if (b->allocated && b->movable) movable.push_back(b);
+    }
+  }
+  std::sort(movable.begin(), movable.end(),
+            [](const PoolBlock* a, const PoolBlock* b) { return a->ptr > b->ptr; });
+  for (PoolBlock* src : movable) {
+    Kind k = static_cast<Segment*>(src->segment)->kind;
+    PoolBlock* hole = nullptr;
+    for (PoolBlock* f : free_[k]) {
+      if (f->size >= src->size && f->ptr < src->ptr && (!hole || f->ptr < hole->ptr)) hole = f;
+    }
+    if (!hole) continue;
+    erase_free(hole);
+    if (hole->size > src->size) split(hole, src->size);
+    PoolAllocation from{as_ptr(src->ptr), src->size, src->requested, src, src->generation};
+    PoolAllocation to;
+    hand_out(hole, src->requested, true, src->owner, &to);
+    if (!fn(PoolMove{src->owner, from, to})) {
+      ++r.refused;
+      release_block(hole, false);
+      continue;
+    }
+    ++r.moves;
+    r.moved_bytes += src->size;
+    release_block(src, false);
+  }
+  st_.moves += r.moves;
+  st_.moved_bytes += r.moved_bytes;
+  r.released_bytes = reserved_before - st_.reserved_bytes;
+  r.free_bytes_after = total_free();
+  r.largest_free_after = largest_free();
+  r.fragmentation_after = fragmentation(r.largest_free_after, r.free_bytes_after);
+  return r;
+}
+
+PoolStats DevicePool::stats() const {
+  std::lock_guard lock(mu_);
+  PoolStats s = st_;
+  s.segments = segments_.size();
+  s.free_blocks = free_runs(&s.largest_free_bytes);
+  s.free_bytes = total_free();
+  s.fragmentation = fragmentation(s.largest_free_bytes, s.free_bytes);
+  return s;
+}
+
+void DevicePool::reset_peaks() {
+  std::lock_guard lock(mu_);
+  st_.peak_allocated_bytes = st_.allocated_bytes;
+  st_.peak_reserved_bytes = st_.reserved_bytes;
+}
+
+std::vector<BlockInfo> DevicePool::snapshot() const {
+  std::lock_guard lock(mu_);
+  std::vector<const Segment*> segs;
+  for (const auto& s : segments_) segs.push_back(s.get());
+  std::sort(segs.begin(), segs.end(),
+            [](const Segment* a, const Segment* b) { return a->base < b->base; });
+  std::vector<BlockInfo> out;
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    for (const PoolBlock* b = segs[i]->head; b; b = b->next) {
+      bool merge = !b->allocated && b->prev && !b->prev->allocated;  // a cached block's run
+      if (merge) {
+        out.back().size += b->size;
+      } else {
+        out.push_back(BlockInfo{b->ptr, b->size, b->allocated, b->movable, segs[i]->kind == kSmall,
+                                segs[i]->expandable, i});
+      }
+    }
+  }
+  return out;
+}
+
+// ---- VirtualSegmentSource --------------------------------------------------
+
+VirtualSegmentSource::VirtualSegmentSource(std::uint64_t granularity,
+                                           std::uint64_t physical_capacity, bool vmm)
+    : granularity_(granularity ? granularity : 1),
+      capacity_(physical_capacity),
+      vmm_(vmm),
+      // Far from anything real, so a stray dereference faults at once.
+      next_address_(std::uintptr_t{1} << 44) {}
+
+void VirtualSegmentSource::fail_after(std::uint64_t calls) {
+  std::lock_guard lock(mu_);
+  fail_countdown_ = static_cast<std::int64_t>(calls);
+}
+
+bool VirtualSegmentSource::inject_failure() {
+  if (fail_countdown_ < 0) return false;
+  if (fail_countdown_-- > 0) return false;
+  ++counters_.failures;
+  return true;
+}
+
+Status VirtualSegmentSource::take_physical(std::uint64_t bytes) {
+  if (capacity_ && bytes > capacity_ - counters_.physical_bytes) {
+    ++counters_.failures;
+    return Status::out_of_memory;
+  }
+  counters_.physical_bytes += bytes;
+  return Status::ok;
+}
+
+Status VirtualSegmentSource::allocate_segment(std::uint64_t bytes, void** base) {
+  std::lock_guard lock(mu_);
+  ++counters_.allocate_segment;
+  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
+  if (inject_failure()) return Status::out_of_memory;
+  if (Status s = take_physical(bytes); !ok(s)) return s;
+  std::uintptr_t a = next_address_;
+  next_address_ += bytes + granularity_;  // a guard gap: segments never touch
+  ranges_[a] = bytes;
+  *base = as_ptr(a);
+  return Status::ok;
+}
+
+Status VirtualSegmentSource::free_segment(void* base, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.free_segment;
+  auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(base));
+  if (it == ranges_.end() || it->second != bytes) return Status::invalid_argument;
+  ranges_.erase(it);
+  counters_.physical_bytes -= bytes;
+  return Status::ok;
+}
+
+Status VirtualSegmentSource::reserve(std::uint64_t bytes, void** base) {
+  std::lock_guard lock(mu_);
+  ++counters_.reserve;
+  if (!vmm_) return Status::unsupported;
+  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
+  if (inject_failure()) return Status::out_of_memory;
+  std::uintptr_t a = next_address_;
+  next_address_ += bytes + granularity_;
+  ranges_[a] = bytes;
+  *base = as_ptr(a);
+  return Status::ok;
+}
+
+Status VirtualSegmentSource::map(void* addr, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.map;
+  auto a = reinterpret_cast<std::uintptr_t>(addr);
+  if (!vmm_) return Status::unsupported;
+  if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
+  if (inject_failure()) return Status::out_of_memory;
+  return take_physical(bytes);
+}
+
+Status VirtualSegmentSource::unmap(void* addr, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.unmap;
+  auto a = reinterpret_cast<std::uintptr_t>(addr);
+  if (!vmm_) return Status::unsupported;
+  if (a % granularity_ || bytes % granularity_ || bytes > counters_.physical_bytes) {
+    return Status::invalid_argument;
+  }
+  counters_.physical_bytes -= bytes;
+  return Status::ok;
+}
+
+Status VirtualSegmentSource::release(void* base, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.release;
+  auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(base));
+  if (it == ranges_.end() || it->second != bytes) return Status::invalid_argument;
+  ranges_.erase(it);
+  return Status::ok;
+}
+
+// ---- CpuSegmentSource ------------------------------------------------------
+
+namespace {
+
+// mmap()s `bytes` aligned to `align` by over-mapping and trimming both ends.
+void* mmap_aligned(std::uint64_t bytes, std::uint64_t align, int prot, int flags) {
+  std::uint64_t span = bytes + align;
+  void* p = ::mmap(nullptr, span, prot, flags, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uintptr_t aligned = (a + align - 1) / align * align;
+  if (aligned > a) ::munmap(p, aligned - a);
+  std::uintptr_t end = aligned + bytes, span_end = a + span;
+  if (span_end > end) ::munmap(as_ptr(end), span_end - end);
+  return as_ptr(aligned);
+}
+
+}  // namespace
+
+CpuSegmentSource::CpuSegmentSource(std::uint64_t granularity, std::uint64_t physical_capacity)
+    : granularity_(std::max<std::uint64_t>(granularity,
+                                           static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)))),
+      capacity_(physical_capacity) {}
+
+CpuSegmentSource::~CpuSegmentSource() {
+  for (auto& [base, r] : reservations_) {
+    ::munmap(as_ptr(base), r.bytes);
+    ::close(r.fd);
+  }
+}
+
+Status CpuSegmentSource::take_physical(std::uint64_t bytes) {
+  if (capacity_ && bytes > capacity_ - counters_.physical_bytes) {
+    ++counters_.failures;
+    return Status::out_of_memory;
+  }
+  counters_.physical_bytes += bytes;
+  return Status::ok;
+}
+
+Status CpuSegmentSource::allocate_segment(std::uint64_t bytes, void** base) {
+  std::lock_guard lock(mu_);
+  ++counters_.allocate_segment;
+  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
+  if (Status s = take_physical(bytes); !ok(s)) return s;
+  void* p = mmap_aligned(bytes, granularity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS);
+  if (!p) {
+    counters_.physical_bytes -= bytes;
+    ++counters_.failures;
+    return Status::out_of_memory;
+  }
+  *base = p;
+  return Status::ok;
+}
+
+Status CpuSegmentSource::free_segment(void* base, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.free_segment;
+  if (!base || bytes % granularity_ || ::munmap(base, bytes) != 0) return Status::invalid_argument;
+  counters_.physical_bytes -= bytes;
+  return Status::ok;
+}
+
+Status CpuSegmentSource::reserve(std::uint64_t bytes, void** base) {
+  std::lock_guard lock(mu_);
+  ++counters_.reserve;
+  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
+  int fd = ::memfd_create("u3m-pool", MFD_CLOEXEC);
+  if (fd < 0) return Status::device_failed;
+  // A sparse file as large as the range: chunk i of the range is chunk i of
+  // the file, so a chunk keeps no data once unmapped and punched out.
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    ::close(fd);
+    return Status::out_of_memory;
+  }
+  void* p =
+      mmap_aligned(bytes, granularity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
+  if (!p) {
+    ::close(fd);
+    ++counters_.failures;
+    return Status::out_of_memory;
+  }
+  reservations_[reinterpret_cast<std::uintptr_t>(p)] = Reservation{bytes, fd};
+  *base = p;
+  return Status::ok;
+}
+
+std::map<std::uintptr_t, CpuSegmentSource::Reservation>::iterator
+CpuSegmentSource::find_reservation(std::uintptr_t addr, std::uint64_t bytes) {
+  auto it = reservations_.upper_bound(addr);
+  if (it == reservations_.begin()) return reservations_.end();
+  --it;
+  if (addr - it->first > it->second.bytes || bytes > it->second.bytes - (addr - it->first)) {
+    return reservations_.end();
+  }
+  return it;
+}
+
+Status CpuSegmentSource::map(void* addr, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.map;
+  auto a = reinterpret_cast<std::uintptr_t>(addr);
+  if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
+  auto it = find_reservation(a, bytes);
+  if (it == reservations_.end()) return Status::invalid_argument;
+  if (Status s = take_physical(bytes); !ok(s)) return s;
+  auto off = static_cast<off_t>(a - it->first);
+  // fallocate commits the pages now (like cuMemCreate), so a full machine
+  // answers out_of_memory here instead of SIGBUS on first touch.
+  if (::fallocate(it->second.fd, 0, off, static_cast<off_t>(bytes)) != 0 ||
+      ::mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, it->second.fd, off) ==
+          MAP_FAILED) {
+    ::fallocate(it->second.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off,
+                static_cast<off_t>(bytes));
+    counters_.physical_bytes -= bytes;
+    ++counters_.failures;
+    return Status::out_of_memory;
+  }
+  return Status::ok;
+}
+
+Status CpuSegmentSource::unmap(void* addr, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.unmap;
+  auto a = reinterpret_cast<std::uintptr_t>(addr);
+  if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
+  auto it = find_reservation(a, bytes);
+  if (it == reservations_.end()) return Status::invalid_argument;
+  // Back to reserved-only address space, then drop the pages from the file.
+  if (::mmap(addr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+             0) == MAP_FAILED) {
+    return Status::device_failed;
+  }
+  ::fallocate(it->second.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+              static_cast<off_t>(a - it->first), static_cast<off_t>(bytes));
+  counters_.physical_bytes -= bytes;
+  return Status::ok;
+}
+
+Status CpuSegmentSource::release(void* base, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.release;
+  auto it = reservations_.find(reinterpret_cast<std::uintptr_t>(base));
+  if (it == reservations_.end() || it->second.bytes != bytes) return Status::invalid_argument;
+  ::munmap(base, bytes);
+  ::close(it->second.fd);
+  reservations_.erase(it);
+  return Status::ok;
+}
+
+}  // namespace u3m::mem
