@@ -283,6 +283,8 @@ class Decoder {
         t.job = u<std::uint32_t>(c, r, "tensor.job", jobs_);
         if (t.id != stable_id(t.name))
           bad(r, "tensor.id", fmt::format("{:016x} is not xxh64(\"{}\")", t.id, t.name));
+        // Events name tensors with 32 bits (model.hpp): refuse what would wrap.
+        if (tensors_ >= UINT32_MAX) bad(r, "tensor", "more than 2^32 - 1 tensors");
         out_.tensor(t);
         ++tensors_;
         return;
@@ -298,6 +300,7 @@ class Decoder {
         if (!c.fixed(o.flops)) bad(r, "op.flops", "truncated");
         if (!(o.flops >= 0)) bad(r, "op.flops", "negative or NaN");
         if (!c.varint(o.bytes)) bad(r, "op.bytes", "truncated");
+        if (ops_ >= UINT32_MAX) bad(r, "op", "more than 2^32 - 1 ops");
         out_.op(o);
         ++ops_;
         return;

@@ -213,6 +213,7 @@ class LineReader {
     t.role = enum_field(o, "role", Role::other, parse_role);
     t.layer = layer(o);
     t.job = job_index(o);
+    if (tensors_ >= UINT32_MAX) fail("tensor", "more than 2^32 - 1 tensors");
     out_.tensor(t);
     ++tensors_;
   }
@@ -235,6 +236,7 @@ class LineReader {
       op.flops = d;
     }
     op.bytes = uint(o, "bytes", 0, UINT64_MAX);
+    if (ops_ >= UINT32_MAX) fail("op", "more than 2^32 - 1 ops");
     out_.op(op);
     ++ops_;
   }
