@@ -3,26 +3,8 @@
 # predictor lists and repeated traces end in one clear error line (exit 2),
 # --json --diagnose prints one valid JSON object whose "horizons" are the ones
 # scored, and --help shows the defaults.
-set -uo pipefail
-U3M=${U3M_BIN:?U3M_BIN not set}
-PY=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-
-# expect_error NAME EXPECTED_SUBSTRING CMD...: exit 2, one stderr line containing the text.
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  local lines; lines=$(wc -l <"$tmp/err")
-  if [ $rc -ne 2 ]; then bad "$name: exit $rc, want 2"; return; fi
-  if [ "$lines" -ne 1 ]; then bad "$name: $lines stderr lines: $(cat "$tmp/err")"; return; fi
-  if ! grep -qF -- "$want" "$tmp/err"; then bad "$name: '$want' not in: $(cat "$tmp/err")"; return; fi
-  ok
-}
+source "$(dirname "$0")/lib.sh"
+WANT_RC=2  # every error here is bad input
 
 # A small generated mixed trace (two jobs, both switch directions).
 "$U3M" trace gen --model tiny --workload mixed -o "$tmp/m.u3mt" >/dev/null 2>"$tmp/err" ||
@@ -67,5 +49,4 @@ for want in "--horizon-ops UINT:UINT in [1 - 1048576]=64" "--warmup-iterations U
   if grep -qF -- "$want" "$tmp/help"; then ok; else bad "--help lacks '$want'"; fi
 done
 
-echo "predict CLI: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish "predict CLI"

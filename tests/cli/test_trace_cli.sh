@@ -2,27 +2,8 @@
 # End-to-end checks of `u3m trace ...` against the built binary: every sample
 # ET imports, stats JSON carries the documented fields, formats round-trip, and
 # bad input ends in one clear error line with a nonzero exit.
-set -uo pipefail
-U3M=${U3M_BIN:?U3M_BIN not set}
+source "$(dirname "$0")/lib.sh"
 SRC=${U3M_SOURCE_DIR:?U3M_SOURCE_DIR not set}
-PY=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-
-# expect_error NAME EXPECTED_SUBSTRING CMD...: nonzero exit, one stderr line containing the text.
-expect_error() {
-  local name=$1 want=$2; shift 2
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  local lines; lines=$(wc -l <"$tmp/err")
-  if [ $rc -eq 0 ]; then bad "$name: exit 0"; return; fi
-  if [ "$lines" -ne 1 ]; then bad "$name: $lines stderr lines: $(cat "$tmp/err")"; return; fi
-  if ! grep -qF -- "$want" "$tmp/err"; then bad "$name: '$want' not in: $(cat "$tmp/err")"; return; fi
-  ok
-}
 
 json_field() { $PY -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval('d'+sys.argv[2]))" "$1" "$2"; }
 
@@ -78,5 +59,4 @@ for c in import convert stats gen; do
   "$U3M" trace $c --help >"$tmp/help" 2>&1 && grep -q "Usage" "$tmp/help" && ok || bad "trace $c --help"
 done
 
-echo "cli: ${pass} passed, ${fail} failed"
-[ "$fail" -eq 0 ]
+finish cli

@@ -6,25 +6,15 @@
 #include <string>
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
+#include "cli_testing.hpp"
 
 namespace {
 
-struct CliRun {
-  int status;
-  std::string output;
-};
-
+using u3m::testing::CliRun;
 CliRun run(const std::string& args, bool with_stderr = true) {
-  const char* bin = std::getenv("U3M_BIN");
-  if (!bin || !*bin) bin = U3M_BIN_PATH;
-  std::string cmd = std::string(bin) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  CliRun r{0, {}};
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-  r.status = ::pclose(p);
-  return r;
+  return u3m::testing::run_cli(args, with_stderr);
 }
 
 TEST(BenchCopyCli, JsonHasOneResultPerOpAndSize) {

@@ -10,26 +10,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_testing.hpp"
 #include "test_ssd_util.hpp"
 
 namespace {
 
-struct CliRun {
-  int rc;
-  std::string out;
-};
-
+using u3m::testing::CliRun;
 CliRun u3m(const std::string& args) {
-  const char* bin = std::getenv("U3M_BIN");
-  if (!bin || !*bin) bin = U3M_BIN_PATH;
-  std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return u3m::testing::run_cli(args);
 }
 
 bool have_fio() {
@@ -39,8 +27,8 @@ bool have_fio() {
 TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithTheReference) {
   u3m::mem::testing::ScratchDir dir;
   CliRun r = u3m("bench ssd --json --sizes 64K,1M --total-mb 4 --repeat 1 --dir " + dir.path());
-  ASSERT_EQ(r.rc, 0) << r.out;
-  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
   EXPECT_TRUE(j.at("measured").get<bool>());
   EXPECT_NE(j.at("machine").get<std::string>().find("cores"), std::string::npos);
   EXPECT_EQ(j.at("checksum_failures").get<int>(), 0);
@@ -69,18 +57,18 @@ TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithTheReference) {
 TEST(BenchSsdCli, TextWithoutFioSaysReferenceNa) {
   u3m::mem::testing::ScratchDir dir;
   CliRun r = u3m("bench ssd --no-fio --sizes 64K --total-mb 1 --repeat 1 --dir " + dir.path());
-  ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("measured on"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("reference: n/a (skipped (--no-fio))"), std::string::npos) << r.out;
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("measured on"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reference: n/a (skipped (--no-fio))"), std::string::npos) << r.output;
 }
 
 TEST(BenchSsdCli, BadSizeIsAClearError) {
   CliRun r = u3m("bench ssd --sizes 64K,12Q --no-fio");
-  EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.out.find("--sizes item 2: '12Q' is not a size"), std::string::npos) << r.out;
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--sizes item 2: '12Q' is not a size"), std::string::npos) << r.output;
   r = u3m("bench ssd --sizes 1000 --no-fio");
-  EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.out.find("not a multiple of 4 KiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("not a multiple of 4 KiB"), std::string::npos) << r.output;
 }
 
 }  // namespace

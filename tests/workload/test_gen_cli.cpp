@@ -7,27 +7,17 @@
 #include <string>
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
+#include "cli_testing.hpp"
 
 #include "u3m/trace/io.hpp"
 
 namespace {
 
-struct CliRun {
-  int status;
-  std::string output;
-};
-
+using u3m::testing::CliRun;
 CliRun run(const std::string& args) {
-  const char* bin = std::getenv("U3M_BIN");
-  if (!bin || !*bin) bin = U3M_BIN_PATH;
-  std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  CliRun r{0, {}};
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) r.output.append(buf, n);
-  r.status = ::pclose(p);
-  return r;
+  return u3m::testing::run_cli(args);
 }
 
 std::filesystem::path temp_path(const std::string& name) {
