@@ -5,6 +5,7 @@
 #   2. import a real PyTorch Execution Trace (ResNet, data/pytorch-et)
 #   3. capture a real PyTorch RLHF-style run on this CPU (python/u3m_capture)
 #   4. evaluate every access predictor on all three
+#   5. plan device memory for a training step: static plan vs the caching pool
 set -euo pipefail
 U3M=${1:-build/release/apps/u3m/u3m}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,4 +37,9 @@ for t in "${traces[@]}"; do
   "$U3M" predict eval "$t"
   echo
 done
+section "5. Device memory for one llama2-13b training step: static plan vs the caching pool (computed from the trace)"
+"$U3M" trace gen --model llama2-13b --workload train --steps 2 -o "$out/train.u3mt" >/dev/null
+"$U3M" mem plan "$out/train.u3mt"
+
+echo
 echo "demo files in $out"
