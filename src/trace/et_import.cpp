@@ -919,6 +919,15 @@ void Importer::import_op(std::size_t i) {
   acc_.clear();
   acc_index_.clear();
   const std::string prefix = opt_.job + "." + st.path;
+  auto produce = [&](const char* slot_kind, const Arg& o) {
+    std::uint32_t t = tensor_named(prefix + slot_name(slot_kind, o), o);
+    TensorInfo& ti = tensors_[t];
+    ti.bytes = std::max(ti.bytes, o.extent());
+    binding_[o.storage] = t;
+    access(t, EventKind::alloc, 0, bit);
+    access(t, EventKind::write, o.bytes(), bit);
+    produced_.push_back(t);
+  };
   bool weight_op =
       op.cls == OpClass::matmul || op.cls == OpClass::norm || op.cls == OpClass::embedding;
   bool sqrt_op = n.name.find("sqrt") != std::string_view::npos;
@@ -963,25 +972,11 @@ void Importer::import_op(std::size_t i) {
     }
     // New storage: a tensor produced here. Its storage id may be a recycled
     // one, so it always rebinds.
-    std::uint32_t t = tensor_named(prefix + slot_name("out", o), o);
-    TensorInfo& ti = tensors_[t];
-    ti.bytes = std::max(ti.bytes, o.extent());
-    binding_[o.storage] = t;
-    access(t, EventKind::alloc, 0, bit);
-    access(t, EventKind::write, o.bytes(), bit);
-    produced_.push_back(t);
+    produce("out", o);
   }
-  for (const Arg& o : inner_) {
-    // Made by a nested operator and not returned (saved statistics, pooling
-    // indices, scratch): produced here under an ".inner<k>" name.
-    std::uint32_t t = tensor_named(prefix + slot_name("inner", o), o);
-    TensorInfo& ti = tensors_[t];
-    ti.bytes = std::max(ti.bytes, o.extent());
-    binding_[o.storage] = t;
-    access(t, EventKind::alloc, 0, bit);
-    access(t, EventKind::write, o.bytes(), bit);
-    produced_.push_back(t);
-  }
+  // Made by a nested operator and not returned (saved statistics, pooling
+  // indices, scratch): produced here under an ".inner<k>" name.
+  for (const Arg& o : inner_) produce("inner", o);
   std::uint64_t bytes = 0;
   for (const Access& a : acc_) {
     std::uint64_t room = std::numeric_limits<std::uint64_t>::max() - bytes;
