@@ -4,7 +4,9 @@
 #include "u3m/mem/pool.hpp"
 
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,15 +57,219 @@ namespace u3m::mem {
 // track the high-water mark of live blocks rather than a sum of segment sizes.
 // Holes below the highest live block stay mapped; compact() closes them by
 // sliding movable blocks down, after which the tail is unmapped.
+//
+// Note [Thread cache]
+// The lock costs one atomic exchange per call, and two per allocate+free pair
+// are already as much as glibc's whole tcache round trip at small sizes. So,
+// like glibc's tcache and mimalloc's thread-local free lists, each thread has,
+// per pool, a PoolThreadCache: 64 direct-mapped bins, each a stack of freed
+// blocks of one exact size (at most thread_cache_blocks deep, at most
+// thread_cache_bytes in all). free() of a block pushes it and allocate() of
+// that size pops it, with plain loads and stores: no lock, no atomic
+// read-modify-write. A block may be freed by another thread than the one that
+// allocated it; it then lands in the freeing thread's cache.
+//
+// * What stays true. Liveness is one atomic word per block, its generation,
+//   odd while a caller holds the block; only the block's holder writes it, so
+//   checking a handle needs no lock and a double free or stale handle is still
+//   rejected (ordered frees: two threads freeing the same handle at the same
+//   moment is a data race in the caller, as with malloc). To the pool's
+//   structure a thread-cached block is "allocated" (not in a free set, never
+//   merged), but to the figures it is free: stats() adds each cache's counters
+//   (written by its owner only, read with relaxed loads) and treats a block
+//   with an even generation as free, so allocated/free bytes and counts are
+//   exact whenever no call is in flight.
+// * Draining. Whenever the pool needs memory that may sit in a cache (a
+//   request no free block serves, before it grows a segment; out of memory;
+//   empty_cache(); compact(); destruction), it empties every thread cache
+//   into its free sets, so caching never makes the pool grow or fail. The
+//   owner's pops and pushes hold no lock, so a drain from another thread uses
+//   an asymmetric Dekker handshake: the owner sets `busy`, then reads
+//   `pending`, separated only by a compiler barrier; the drainer sets
+//   `pending`, then runs membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which
+//   puts a full fence on every running thread of the process, then waits for
+//   `busy` to clear. Either the owner sees `pending` and takes the locked
+//   path, or the drainer sees `busy` and waits the few instructions until the
+//   owner leaves; so the bins are never touched by both (the scheme of
+//   folly's asymmetric barriers and liburcu's membarrier flavour). The owner
+//   clears `pending` under the pool lock on its next locked call. Where the
+//   kernel lacks membarrier, both sides use a seq_cst fence instead (slower
+//   owner, same protocol).
+// * Lifetimes. A pool finds a thread's cache by a pool id that is never reused
+//   (so a new pool at a dead pool's address never sees its caches), in a
+//   small thread-local table. The pool and the thread share each cache
+//   (shared_ptr). At thread exit the thread drains its caches into their
+//   pools and folds their counters into the pool's; at pool destruction the
+//   pool drains every cache and detaches it (under the cache's own mutex, so
+//   a thread exiting at that moment either returns its cache first or finds
+//   it detached), and a thread discards a detached cache without touching it.
+// * Peak. peak_allocated_bytes is updated under the lock with the caches'
+//   deltas; a cache also records its own high-water mark since its owner's
+//   last locked call, so with one thread using the pool the peak is exact.
+//   With several threads, pops between locked calls make it an estimate.
+// * Not cached: movable blocks (compact() moves them under the lock, and a
+//   lock-free free could race the move), and blocks of expandable pools (a
+//   freed block that borders the free tail must unmap it at once, and whether
+//   it does can only be read under the lock).
 struct PoolBlock {
   std::uintptr_t ptr = 0;
-  std::uint64_t size = 0, requested = 0, owner = 0, generation = 0;
-  void* segment = nullptr;  // the DevicePool::Segment holding it
+  std::uint64_t size = 0, requested = 0, owner = 0;
+  std::atomic<std::uint64_t> generation{0};  // odd while allocated; written by the holder only
+  std::atomic<bool> movable{false};
+  const DevicePool* pool = nullptr;  // set once; blocks are recycled within their pool
+  void* segment = nullptr;           // the DevicePool::Segment holding it
   PoolBlock *prev = nullptr, *next = nullptr;
-  bool allocated = false, movable = false, in_use = false;  // in_use: not on the spare list
-  bool cached = false;  // free, in DevicePool::cache_ (not in a free set)
+  PoolBlock* tnext = nullptr;  // next in a thread cache bin
+  // allocated: out of the pool's free structures (held by a caller or a
+  // thread cache); guarded by the pool lock.
+  bool allocated = false, in_use = false;  // in_use: not on the spare list
+  bool cached = false;                     // free, in DevicePool::cache_ (not in a free set)
   std::uint32_t cache_slot = 0;
+
+  bool held() const { return generation.load(std::memory_order_acquire) & 1; }
+  // Free to the figures: in a free set, the pool cache, or a thread cache.
+  bool free_now() const { return !allocated || !held(); }
+  void bump_generation() {
+    generation.store(generation.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
 };
+
+namespace {
+
+// A counter with a single writer at a time (its cache's owner, or the pool
+// under its lock once the owner is excluded): load + store, no atomic
+// read-modify-write, while stats() may read it from another thread.
+template <typename T>
+void bump(std::atomic<T>& a, T d) {
+  a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_release);
+}
+template <typename T>
+T get(const std::atomic<T>& a) {
+  return a.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
+struct PoolThreadCache {
+  static constexpr std::size_t kBins = 64;
+  struct Bin {
+    std::uint64_t size = 0;
+    PoolBlock* top = nullptr;
+    std::uint64_t count = 0;
+  };
+  // The handshake with a drain from another thread (Note [Thread cache]).
+  std::atomic<bool> busy{false}, pending{false};
+  // Touched by the owner inside busy, or by a drain once the owner is out.
+  Bin bins[kBins];
+  // Figures for stats(), as few as the fast path can afford: monotonic
+  // counts of the owner's pushes and pops (single writer), and of what
+  // drains took (written under the pool lock). Everything else derives.
+  std::atomic<std::uint64_t> pops{0}, pushes{0}, popped_bytes{0}, pushed_bytes{0};
+  std::atomic<std::int64_t> requested_bytes{0};  // requested by pops minus by pushes
+  std::atomic<std::uint64_t> drained_blocks{0}, drained_bytes{0};
+  // Peak tracking: the pool total minus this cache's delta at the owner's
+  // last locked call, and the highest delta since.
+  std::atomic<std::int64_t> base{0}, high{0};
+  // Lifetime (Note [Thread cache]): the pool, until it detaches the cache.
+  std::mutex detach_mu;
+  std::atomic<DevicePool*> pool{nullptr};
+  std::uint64_t pool_id = 0;
+
+  static std::size_t bin_of(std::uint64_t size) {
+    return static_cast<std::size_t>((size * 0x9E3779B97F4A7C15ull) >> 58);  // Fibonacci hashing
+  }
+  std::int64_t peak_candidate() const { return get(base) + get(high); }
+  // Pops read before pushes (acquire: in that order), so a reader racing the
+  // owner never sees more popped than pushed.
+  std::int64_t allocated_delta() const {
+    std::uint64_t popped = popped_bytes.load(std::memory_order_acquire);
+    return static_cast<std::int64_t>(popped - pushed_bytes.load(std::memory_order_acquire));
+  }
+  std::uint64_t cached_bytes() const {
+    std::uint64_t popped = popped_bytes.load(std::memory_order_acquire);
+    return pushed_bytes.load(std::memory_order_acquire) - popped - get(drained_bytes);
+  }
+  std::uint64_t cached_blocks() const {
+    std::uint64_t popped = pops.load(std::memory_order_acquire);
+    return pushes.load(std::memory_order_acquire) - popped - get(drained_blocks);
+  }
+};
+
+namespace {
+
+// Note [Thread cache], the handshake. The owner's side is a compiler barrier
+// when the kernel does the drainer's side with membarrier.
+bool init_asymmetric_fence() {
+#ifdef MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED
+  long cmds = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return false;
+  return ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#else
+  return false;
+#endif
+}
+const bool kAsymmetricFence = init_asymmetric_fence();
+
+inline void light_fence() {
+  if (kAsymmetricFence) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+void heavy_fence() {
+#ifdef MEMBARRIER_CMD_PRIVATE_EXPEDITED
+  if (kAsymmetricFence && ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) {
+    return;
+  }
+#endif
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+// The owner enters: false when a drain is pending (take the locked path).
+inline bool enter(PoolThreadCache* c) {
+  c->busy.store(true, std::memory_order_relaxed);
+  light_fence();
+  if (c->pending.load(std::memory_order_acquire)) {
+    c->busy.store(false, std::memory_order_release);
+    return false;
+  }
+  return true;
+}
+inline void leave(PoolThreadCache* c) {
+  c->busy.store(false, std::memory_order_release);
+}
+
+std::atomic<std::uint64_t> next_pool_id{1};
+
+// This thread's caches, most recently registered first; plain data, so
+// reading it costs no thread-local guard.
+struct TlsCacheSlot {
+  std::uint64_t pool_id = 0;
+  PoolThreadCache* cache = nullptr;
+};
+constexpr int kTlsSlots = 4;
+thread_local TlsCacheSlot tls_slots[kTlsSlots];
+thread_local bool tls_exiting = false;  // the registry below is gone or going
+
+}  // namespace
+
+// Owns this thread's caches (with their pools); returns them at thread exit.
+struct PoolThreadCacheRegistry {
+  std::vector<std::shared_ptr<PoolThreadCache>> caches;
+  ~PoolThreadCacheRegistry() {
+    tls_exiting = true;
+    for (TlsCacheSlot& s : tls_slots) s = {};
+    for (auto& c : caches) {
+      std::lock_guard g(c->detach_mu);
+      if (DevicePool* p = c->pool.load(std::memory_order_acquire)) p->retire_cache(c.get());
+    }
+  }
+};
+
+namespace {
+thread_local PoolThreadCacheRegistry tls_registry;
+}  // namespace
 
 struct DevicePool::Segment {
   const DevicePool* pool = nullptr;
@@ -168,6 +374,8 @@ PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
         {"expandable_reserve", &PoolConfig::expandable_reserve},
         {"expandable_keep", &PoolConfig::expandable_keep},
         {"fast_cache_blocks", &PoolConfig::fast_cache_blocks},
+        {"thread_cache_blocks", &PoolConfig::thread_cache_blocks},
+        {"thread_cache_bytes", &PoolConfig::thread_cache_bytes},
     };
     bool found = false;
     for (const SizeKey& k : kSizes) {
@@ -184,7 +392,8 @@ PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
       input_error(where,
                   "unknown key '{}' (known: alignment, small_size, small_segment, large_segment, "
                   "min_large_alloc, round_large, large_split_min, capacity, expandable_segments, "
-                  "expandable_reserve, expandable_keep, fast_cache_blocks)",
+                  "expandable_reserve, expandable_keep, fast_cache_blocks, thread_cache_blocks, "
+                  "thread_cache_bytes)",
                   key);
     }
   }
@@ -209,10 +418,11 @@ std::string PoolConfig::describe() const {
   return fmt::format(
       "alignment:{},small_size:{},small_segment:{},large_segment:{},min_large_alloc:{},"
       "round_large:{},large_split_min:{},capacity:{},expandable_segments:{},"
-      "expandable_reserve:{},expandable_keep:{},fast_cache_blocks:{}",
+      "expandable_reserve:{},expandable_keep:{},fast_cache_blocks:{},thread_cache_blocks:{},"
+      "thread_cache_bytes:{}",
       alignment, small_size, small_segment, large_segment, min_large_alloc, round_large,
       large_split_min, capacity, expandable_segments, expandable_reserve, expandable_keep,
-      fast_cache_blocks);
+      fast_cache_blocks, thread_cache_blocks, thread_cache_bytes);
 }
 
 // ---- the pool --------------------------------------------------------------
@@ -225,7 +435,10 @@ DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
     : source_(source),
       config_(config),
       granularity_(std::max<std::uint64_t>(source.granularity(), 1)),
-      expandable_(config.expandable_segments) {
+      expandable_(config.expandable_segments),
+      id_(next_pool_id.fetch_add(1, std::memory_order_relaxed)),
+      thread_cache_(config.thread_cache_blocks > 0 && config.thread_cache_bytes > 0 &&
+                    !config.expandable_segments) {
   config_.validate();
   if (expandable_ && !source.supports_vmm()) {
     input_error("pool config", "expandable_segments: the segment source has no reserve/map");
@@ -241,7 +454,20 @@ DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
 }
 
 DevicePool::~DevicePool() {
+  // Detach the caches first, without the pool lock: a thread exiting now
+  // holds its cache's mutex while it takes the pool lock (Note [Thread cache]).
+  std::vector<std::shared_ptr<PoolThreadCache>> caches;
+  {
+    std::lock_guard lock(mu_);
+    caches = caches_;
+  }
+  for (auto& c : caches) {
+    std::lock_guard g(c->detach_mu);
+    c->pool.store(nullptr, std::memory_order_release);
+  }
   std::lock_guard lock(mu_);
+  drain_thread_caches();
+  caches_.clear();
   flush_cache();
   while (!segments_.empty()) destroy_segment(segments_.back().get());
 }
@@ -255,9 +481,15 @@ PoolBlock* DevicePool::new_block() {
   if (!spare_blocks_.empty()) {
     b = spare_blocks_.back();
     spare_blocks_.pop_back();
-    *b = PoolBlock{};
+    // The generation carries on: a stale handle to the old block stays stale.
+    b->requested = b->owner = 0;
+    b->movable.store(false, std::memory_order_relaxed);
+    b->prev = b->next = b->tnext = nullptr;
+    b->allocated = b->cached = false;
+    b->cache_slot = 0;
   } else {
     b = &block_storage_.emplace_back();
+    b->pool = this;
   }
   b->in_use = true;
   return b;
@@ -266,7 +498,6 @@ PoolBlock* DevicePool::new_block() {
 void DevicePool::recycle(PoolBlock* b) {
   b->in_use = false;
   b->allocated = false;
-  b->generation = 0;
   spare_blocks_.push_back(b);
 }
 
@@ -283,7 +514,9 @@ void DevicePool::erase_free(PoolBlock* b) {
 }
 
 std::uint64_t DevicePool::total_free() const {
-  return free_bytes_[0] + free_bytes_[1] + cached_bytes_;
+  std::uint64_t in_threads = 0;
+  for (const auto& c : caches_) in_threads += c->cached_bytes();
+  return free_bytes_[0] + free_bytes_[1] + cached_bytes_ + in_threads;
 }
 
 std::uint64_t DevicePool::largest_free() const {
@@ -294,7 +527,7 @@ std::uint64_t DevicePool::largest_free() const {
 
 std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
   std::uint64_t runs = 0, m = 0;
-  if (cache_.empty()) {  // fully coalesced: each free block is a run
+  if (cache_.empty() && thread_cached_blocks() == 0) {  // coalesced: each free block is a run
     for (const FreeSet& f : free_) {
       if (!f.empty()) m = std::max(m, (*f.rbegin())->size);
       runs += f.size();
@@ -303,8 +536,9 @@ std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
     for (const auto& s : segments_) {
       std::uint64_t run = 0;
       for (const PoolBlock* b = s->head; b; b = b->next) {
-        if (!b->allocated && run == 0) ++runs;
-        run = b->allocated ? 0 : run + b->size;
+        bool free = b->free_now();
+        if (free && run == 0) ++runs;
+        run = free ? run + b->size : 0;
         m = std::max(m, run);
       }
     }
@@ -474,30 +708,215 @@ void DevicePool::hand_out(PoolBlock* b, std::uint64_t requested, bool movable, s
                           PoolAllocation* out) {
   b->allocated = true;
   b->requested = requested;
-  b->movable = movable;
+  b->movable.store(movable, std::memory_order_relaxed);
   b->owner = owner;
-  b->generation = next_generation_++;
+  b->bump_generation();
   st_.allocated_bytes += b->size;
   st_.requested_bytes += requested;
-  st_.peak_allocated_bytes = std::max(st_.peak_allocated_bytes, st_.allocated_bytes);
+  note_allocated();
   ++st_.active_blocks;
-  *out = PoolAllocation{as_ptr(b->ptr), b->size, requested, b, b->generation};
+  *out = PoolAllocation{as_ptr(b->ptr), b->size, requested, b,
+                        b->generation.load(std::memory_order_relaxed)};
+}
+
+void DevicePool::note_allocated() {
+  std::uint64_t now = st_.allocated_bytes + static_cast<std::uint64_t>(thread_allocated_delta());
+  st_.peak_allocated_bytes = std::max(st_.peak_allocated_bytes, now);
+}
+
+// ---- thread caches (Note [Thread cache]) -----------------------------------
+
+PoolThreadCache* DevicePool::fast_cache() const {
+  if (!thread_cache_) return nullptr;
+  for (const TlsCacheSlot& s : tls_slots) {
+    if (s.pool_id == id_) return s.cache;
+  }
+  return nullptr;
+}
+
+PoolThreadCache* DevicePool::own_cache(bool create) {
+  if (!thread_cache_ || tls_exiting) return nullptr;
+  if (PoolThreadCache* c = fast_cache()) return c;
+  auto& mine = tls_registry.caches;
+  PoolThreadCache* found = nullptr;
+  for (auto& c : mine) {
+    if (c->pool_id == id_) found = c.get();
+  }
+  if (!found) {
+    if (!create) return nullptr;
+    std::erase_if(mine, [](const std::shared_ptr<PoolThreadCache>& c) {
+      return c->pool.load(std::memory_order_acquire) == nullptr;  // its pool is gone
+    });
+    auto c = std::make_shared<PoolThreadCache>();
+    c->pool_id = id_;
+    c->pool.store(this, std::memory_order_release);
+    c->base.store(static_cast<std::int64_t>(st_.allocated_bytes +
+                                            static_cast<std::uint64_t>(thread_allocated_delta())),
+                  std::memory_order_relaxed);
+    caches_.push_back(c);
+    mine.push_back(c);
+    found = c.get();
+  }
+  for (int i = kTlsSlots - 1; i > 0; --i) tls_slots[i] = tls_slots[i - 1];
+  tls_slots[0] = {id_, found};
+  return found;
+}
+
+inline bool DevicePool::cache_push(PoolThreadCache* c, PoolBlock* b) {
+  std::uint64_t size = b->size;
+  PoolThreadCache::Bin& bin = c->bins[PoolThreadCache::bin_of(size)];
+  if ((bin.count > 0 && bin.size != size) || bin.count >= config_.thread_cache_blocks ||
+      c->cached_bytes() + size > config_.thread_cache_bytes) {
+    return false;
+  }
+  b->bump_generation();  // even: the handle that freed it is stale now
+  b->tnext = bin.top;
+  bin.top = b;
+  bin.size = size;
+  ++bin.count;
+  bump(c->pushed_bytes, size);
+  bump(c->pushes, std::uint64_t{1});
+  bump(c->requested_bytes, -static_cast<std::int64_t>(b->requested));
+  return true;
+}
+
+void DevicePool::sync_own_cache(PoolThreadCache* c) {
+  if (!c) return;
+  // A drain emptied the bins and marked them; the owner may use them again.
+  if (c->pending.load(std::memory_order_relaxed))
+    c->pending.store(false, std::memory_order_relaxed);
+  // The high-water mark of the lock-free calls since the last locked one.
+  st_.peak_allocated_bytes =
+      std::max(st_.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
+}
+
+void DevicePool::rebase(PoolThreadCache* c) {
+  std::int64_t delta = c->allocated_delta();
+  auto total = static_cast<std::int64_t>(st_.allocated_bytes +
+                                         static_cast<std::uint64_t>(thread_allocated_delta()));
+  c->base.store(total - delta, std::memory_order_relaxed);
+  c->high.store(delta, std::memory_order_relaxed);
+}
+
+void DevicePool::drain(PoolThreadCache* c) {
+  for (PoolThreadCache::Bin& bin : c->bins) {
+    for (PoolBlock* b = bin.top; b;) {
+      PoolBlock* next = b->tnext;
+      b->tnext = nullptr;
+      put_back(b, false);
+      b = next;
+    }
+    bin = {};
+  }
+  // The owner is out (Note [Thread cache]), so these are exact.
+  c->drained_bytes.store(get(c->pushed_bytes) - get(c->popped_bytes), std::memory_order_relaxed);
+  c->drained_blocks.store(get(c->pushes) - get(c->pops), std::memory_order_relaxed);
+}
+
+bool DevicePool::drain_thread_caches() {
+  PoolThreadCache* self = fast_cache();
+  std::vector<PoolThreadCache*> remote;
+  bool any = false;
+  for (auto& c : caches_) {
+    if (c->cached_blocks() == 0) continue;  // a push racing this drain comes after it
+    if (c.get() == self) {                  // our own: we are not inside a push or pop
+      drain(self);
+      any = true;
+    } else if (!c->pending.load(std::memory_order_relaxed)) {
+      c->pending.store(true, std::memory_order_relaxed);
+      remote.push_back(c.get());
+    }
+  }
+  if (!remote.empty()) {
+    heavy_fence();
+    for (PoolThreadCache* c : remote) {
+      while (c->busy.load(std::memory_order_acquire)) std::this_thread::yield();
+      any = any || c->cached_blocks() > 0;
+      drain(c);
+    }
+  }
+  if (any) ++st_.thread_cache_drains;
+  return any;
+}
+
+void DevicePool::retire_cache(PoolThreadCache* c) {
+  std::lock_guard lock(mu_);
+  drain(c);  // we are its owner, exiting
+  st_.peak_allocated_bytes =
+      std::max(st_.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
+  std::uint64_t allocs = get(c->pops), frees = get(c->pushes);
+  st_.allocated_bytes += static_cast<std::uint64_t>(c->allocated_delta());
+  st_.requested_bytes += static_cast<std::uint64_t>(get(c->requested_bytes));
+  st_.alloc_count += allocs;
+  st_.free_count += frees;
+  st_.active_blocks += allocs - frees;
+  std::erase_if(caches_, [c](const std::shared_ptr<PoolThreadCache>& p) { return p.get() == c; });
+  c->pool.store(nullptr, std::memory_order_release);
+}
+
+std::uint64_t DevicePool::thread_cached_blocks() const {
+  std::uint64_t n = 0;
+  for (const auto& c : caches_) n += c->cached_blocks();
+  return n;
+}
+
+std::int64_t DevicePool::thread_allocated_delta() const {
+  std::int64_t d = 0;
+  for (const auto& c : caches_) d += c->allocated_delta();
+  return d;
 }
 
 Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movable,
                             std::uint64_t owner) {
   if (out == nullptr || bytes == 0) return Status::invalid_argument;
-  std::uint64_t size;
-  if (!round_up(bytes, config_.alignment, &size)) return Status::out_of_memory;
+  // alignment is a power of two (validate()): a mask, not a division, which
+  // alone would cost more than the rest of the fast path.
+  const std::uint64_t mask = config_.alignment - 1;
+  if (bytes > std::numeric_limits<std::uint64_t>::max() - mask) return Status::out_of_memory;
+  const std::uint64_t size = (bytes + mask) & ~mask;
+  if (PoolThreadCache* c = movable ? nullptr : fast_cache(); c && enter(c)) {
+    PoolThreadCache::Bin& bin = c->bins[PoolThreadCache::bin_of(size)];
+    if (bin.count > 0 && bin.size == size) {  // the lock-free pop
+      PoolBlock* b = bin.top;
+      bin.top = b->tnext;
+      --bin.count;
+      std::uint64_t popped = get(c->popped_bytes) + size;
+      c->popped_bytes.store(popped, std::memory_order_release);
+      bump(c->pops, std::uint64_t{1});
+      bump(c->requested_bytes, static_cast<std::int64_t>(bytes));
+      auto now = static_cast<std::int64_t>(popped - get(c->pushed_bytes));
+      if (now > get(c->high)) c->high.store(now, std::memory_order_relaxed);
+      b->requested = bytes;
+      b->owner = owner;
+      b->bump_generation();
+      std::uint64_t g = b->generation.load(std::memory_order_relaxed);
+      leave(c);
+      *out = PoolAllocation{as_ptr(b->ptr), size, bytes, b, g};
+      return Status::ok;
+    }
+    leave(c);
+  }
+  return allocate_locked(bytes, size, out, movable, owner);
+}
+
+// Out of line, so the lock-free path above stays a leaf with a short prologue.
+[[gnu::noinline]] Status DevicePool::allocate_locked(std::uint64_t bytes, std::uint64_t size,
+                                                     PoolAllocation* out, bool movable,
+                                                     std::uint64_t owner) {
   Kind k = kind_of(size);
   std::lock_guard lock(mu_);
+  PoolThreadCache* own = own_cache(true);
+  sync_own_cache(own);
+  Rebase rebase{this, own};
   if (PoolBlock* c = cache_.empty() ? nullptr : pop_cached(size)) {
     hand_out(c, bytes, movable, owner, out);
     ++st_.alloc_count;
     return Status::ok;
   }
   PoolBlock* b = best_fit(k, size);
-  if (!b && !cache_.empty()) {
+  if (!b && (!cache_.empty() || thread_cached_blocks() > 0)) {
+    // Cached blocks must not make the pool grow (Note [Thread cache]).
+    drain_thread_caches();
     flush_cache();
     b = best_fit(k, size);
   }
@@ -527,12 +946,14 @@ Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movab
 }
 
 bool DevicePool::live(const PoolAllocation& a) const {
-  // Blocks are never deallocated (only recycled), so reading a stale handle's
-  // block is safe; the generation tells a stale handle from a live one.
+  // Blocks are never deallocated (only recycled within their pool), so
+  // reading a stale handle's block is safe; the generation, odd while
+  // allocated, tells a stale handle from a live one. ptr is read only once
+  // the generation matched, i.e. while the block is held and cannot change.
   const PoolBlock* b = a.block;
-  return b && b->in_use && b->allocated && b->generation == a.generation &&
-         b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr) &&
-         static_cast<const Segment*>(b->segment)->pool == this;
+  return b && b->pool == this && (a.generation & 1) &&
+         b->generation.load(std::memory_order_acquire) == a.generation &&
+         b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr);
 }
 
 PoolBlock* DevicePool::coalesce(PoolBlock* b) {
@@ -595,11 +1016,15 @@ std::uint64_t DevicePool::trim_tail(Segment* s, std::uint64_t keep) {
 }
 
 void DevicePool::release_block(PoolBlock* b, bool may_cache) {
-  b->allocated = false;
-  b->generation = 0;
+  b->bump_generation();  // even: every handle to it is stale now
   st_.allocated_bytes -= b->size;
   st_.requested_bytes -= b->requested;
   --st_.active_blocks;
+  put_back(b, may_cache);
+}
+
+void DevicePool::put_back(PoolBlock* b, bool may_cache) {
+  b->allocated = false;
   auto* s = static_cast<Segment*>(b->segment);
   if (may_cache && cache_.size() < config_.fast_cache_blocks &&
       !(s->expandable && (!b->next || !b->next->allocated))) {
@@ -616,8 +1041,29 @@ void DevicePool::release_block(PoolBlock* b, bool may_cache) {
 }
 
 Status DevicePool::free(const PoolAllocation& a) {
+  PoolBlock* b = a.block;
+  // The lock-free push: a live, non-movable block of this pool into this
+  // thread's bin for its size, if the bin has room (Note [Thread cache]).
+  if (PoolThreadCache* c = b && b->pool == this ? fast_cache() : nullptr;
+      c && (a.generation & 1) && b->generation.load(std::memory_order_acquire) == a.generation &&
+      b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr) &&
+      !b->movable.load(std::memory_order_relaxed) && enter(c)) {
+    bool pushed = cache_push(c, b);
+    leave(c);
+    if (pushed) return Status::ok;
+  }
+  return free_locked(a);
+}
+
+[[gnu::noinline]] Status DevicePool::free_locked(const PoolAllocation& a) {
+  PoolBlock* b = a.block;
   std::lock_guard lock(mu_);
+  PoolThreadCache* c = own_cache(true);
+  sync_own_cache(c);
+  Rebase rebase{this, c};
   if (!live(a)) return Status::invalid_argument;
+  // The owner may fill its bins under the lock too: drains hold the lock.
+  if (c && !b->movable.load(std::memory_order_relaxed) && cache_push(c, b)) return Status::ok;
   release_block(a.block, true);
   ++st_.free_count;
   return Status::ok;
@@ -626,7 +1072,7 @@ Status DevicePool::free(const PoolAllocation& a) {
 Status DevicePool::set_movable(const PoolAllocation& a, bool movable) {
   std::lock_guard lock(mu_);
   if (!live(a)) return Status::invalid_argument;
-  a.block->movable = movable;
+  a.block->movable.store(movable, std::memory_order_relaxed);
   return Status::ok;
 }
 
@@ -635,11 +1081,12 @@ void DevicePool::destroy_segment(Segment* s) {
     PoolBlock* n = b->next;
     if (!b->allocated) {
       erase_free(b);
-    } else {
+    } else if (b->held()) {
       // Freed with live blocks (pool destroyed): the handles become stale.
       st_.allocated_bytes -= b->size;
       st_.requested_bytes -= b->requested;
       --st_.active_blocks;
+      b->bump_generation();
     }
     recycle(b);
     b = n;
@@ -662,6 +1109,7 @@ void DevicePool::destroy_segment(Segment* s) {
 }
 
 std::uint64_t DevicePool::release_cached() {
+  drain_thread_caches();
   flush_cache();
   std::uint64_t released = 0;
   std::vector<Segment*> empty;
@@ -702,6 +1150,7 @@ std::uint64_t DevicePool::empty_cache() {
 CompactResult DevicePool::compact(const MoveFn& fn) {
   std::lock_guard lock(mu_);
   CompactResult r;
+  drain_thread_caches();
   flush_cache();  // coalesced free space: holes are real blocks to move into
   r.free_bytes_before = total_free();
   r.largest_free_before = largest_free();
@@ -711,7 +1160,9 @@ CompactResult DevicePool::compact(const MoveFn& fn) {
   std::vector<PoolBlock*> movable;
   for (auto& s : segments_) {
     for (PoolBlock* b = s->head; b; b = b->next) {
-      if (b->allocated && b->movable) movable.push_back(b);
+      if (b->allocated && b->held() && b->movable.load(std::memory_order_relaxed)) {
+        movable.push_back(b);
+      }
     }
   }
   std::sort(movable.begin(), movable.end(),
@@ -725,7 +1176,8 @@ CompactResult DevicePool::compact(const MoveFn& fn) {
     if (!hole) continue;
     erase_free(hole);
     if (hole->size > src->size) split(hole, src->size);
-    PoolAllocation from{as_ptr(src->ptr), src->size, src->requested, src, src->generation};
+    PoolAllocation from{as_ptr(src->ptr), src->size, src->requested, src,
+                        src->generation.load(std::memory_order_relaxed)};
     PoolAllocation to;
     hand_out(hole, src->requested, true, src->owner, &to);
     if (!fn(PoolMove{src->owner, from, to})) {
@@ -749,6 +1201,22 @@ CompactResult DevicePool::compact(const MoveFn& fn) {
 PoolStats DevicePool::stats() const {
   std::lock_guard lock(mu_);
   PoolStats s = st_;
+  std::int64_t allocated = 0, requested = 0;
+  for (const auto& c : caches_) {
+    allocated += c->allocated_delta();
+    requested += get(c->requested_bytes);
+    std::uint64_t allocs = get(c->pops), frees = get(c->pushes);
+    s.alloc_count += allocs;
+    s.free_count += frees;
+    s.active_blocks += allocs - frees;
+    s.thread_cached_bytes += c->cached_bytes();
+    s.peak_allocated_bytes =
+        std::max(s.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
+  }
+  s.allocated_bytes += static_cast<std::uint64_t>(allocated);
+  s.requested_bytes += static_cast<std::uint64_t>(requested);
+  s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, s.allocated_bytes);
+  s.thread_caches = caches_.size();
   s.segments = segments_.size();
   s.free_blocks = free_runs(&s.largest_free_bytes);
   s.free_bytes = total_free();
@@ -758,8 +1226,15 @@ PoolStats DevicePool::stats() const {
 
 void DevicePool::reset_peaks() {
   std::lock_guard lock(mu_);
-  st_.peak_allocated_bytes = st_.allocated_bytes;
+  std::int64_t delta = thread_allocated_delta();
+  std::uint64_t now = st_.allocated_bytes + static_cast<std::uint64_t>(delta);
+  st_.peak_allocated_bytes = now;
   st_.peak_reserved_bytes = st_.reserved_bytes;
+  for (const auto& c : caches_) {  // an estimate if their owners pop meanwhile
+    std::int64_t d = c->allocated_delta();
+    c->base.store(static_cast<std::int64_t>(now) - d, std::memory_order_relaxed);
+    c->high.store(d, std::memory_order_relaxed);
+  }
 }
 
 std::vector<BlockInfo> DevicePool::snapshot() const {
@@ -771,12 +1246,13 @@ std::vector<BlockInfo> DevicePool::snapshot() const {
   std::vector<BlockInfo> out;
   for (std::size_t i = 0; i < segs.size(); ++i) {
     for (const PoolBlock* b = segs[i]->head; b; b = b->next) {
-      bool merge = !b->allocated && b->prev && !b->prev->allocated;  // a cached block's run
+      bool free = b->free_now();
+      bool merge = free && b->prev && b->prev->free_now();  // a cached block's run
       if (merge) {
         out.back().size += b->size;
       } else {
-        out.push_back(BlockInfo{b->ptr, b->size, b->allocated, b->movable, segs[i]->kind == kSmall,
-                                segs[i]->expandable, i});
+        out.push_back(BlockInfo{b->ptr, b->size, !free, b->movable.load(std::memory_order_relaxed),
+                                segs[i]->kind == kSmall, segs[i]->expandable, i});
       }
     }
   }

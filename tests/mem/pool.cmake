@@ -1,5 +1,10 @@
 # Pool allocator and static plan tests (src/mem/pool.cpp, static_plan.cpp).
 u3m_test(test_pool
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_pool.cpp ${CMAKE_CURRENT_LIST_DIR}/test_pool_stress.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/test_pool_thread_cache.cpp
     ${CMAKE_CURRENT_LIST_DIR}/test_static_plan.cpp
   LIBS u3m_mem u3m_workload)
+# The pool over a DeviceBackend (src/mem/backend_source.cpp, over device-emu).
+u3m_test(test_backend_source
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_backend_source.cpp
+  LIBS u3m_mem)

@@ -156,6 +156,12 @@ struct PoolConfig {
   std::uint64_t expandable_keep = 0;     // free tail bytes kept mapped (avoids map/unmap churn)
   // Note [Fast path] in pool.cpp: freed blocks kept whole for reuse by size.
   std::uint64_t fast_cache_blocks = 32;
+  // Note [Thread cache] in pool.cpp: per-thread stacks of freed blocks, one
+  // per size class, popped with no atomic instruction. Blocks per size class
+  // (0 = no thread cache) and bytes per thread and pool. Pools with
+  // expandable segments do not use it (the note says why).
+  std::uint64_t thread_cache_blocks = 8;
+  std::uint64_t thread_cache_bytes = 64 * MiB;
 
   // Parses "key:value,key:value" (keys as the fields above; sizes take a
   // KiB/MiB/GiB suffix; booleans true/false), PyTorch's PYTORCH_CUDA_ALLOC_CONF
@@ -175,15 +181,19 @@ struct PoolStats {
   std::uint64_t free_bytes = 0, largest_free_bytes = 0;  // cached, inside reserved segments
   double fragmentation = 0;  // 1 - largest_free / free_bytes; 0 when nothing is free
   std::uint64_t alloc_count = 0, free_count = 0, oom_count = 0;
-  std::uint64_t source_calls = 0;   // allocate_segment/free_segment/reserve/map/unmap/release
-  std::uint64_t cache_flushes = 0;  // times an allocation returned cached segments to retry
+  std::uint64_t source_calls = 0;         // allocate_segment/free_segment/reserve/map/unmap/release
+  std::uint64_t cache_flushes = 0;        // times an allocation returned cached segments to retry
+  std::uint64_t thread_caches = 0;        // threads with a cache for this pool
+  std::uint64_t thread_cached_bytes = 0;  // free bytes sitting in thread caches (in free_bytes)
+  std::uint64_t thread_cache_drains = 0;  // times the pool emptied thread caches to reuse memory
   std::uint64_t moves = 0, moved_bytes = 0;  // by compact()
 };
 
 // 1 - largest / total, 0 when total is 0: the fragmentation metric of MISSION.md.
 double fragmentation(std::uint64_t largest_free, std::uint64_t total_free);
 
-struct PoolBlock;  // opaque; owned by the pool
+struct PoolBlock;        // opaque; owned by the pool
+struct PoolThreadCache;  // opaque; one per (thread, pool), Note [Thread cache]
 
 // Note [Pool lock]
 // The pool's critical sections are a few dozen instructions on the fast path,
@@ -208,7 +218,8 @@ class SpinLock {
 };
 
 // A live allocation. The handle lets free() find the block in O(1); a stale
-// or foreign handle is detected (generation check) and rejected.
+// or foreign handle is detected (generation check) and rejected. Generations
+// are per block and odd while the block is allocated.
 struct PoolAllocation {
   void* ptr = nullptr;
   std::uint64_t size = 0;       // bytes the block spans (>= requested, rounded)
@@ -244,7 +255,9 @@ struct BlockInfo {
   std::size_t segment = 0;  // index in address order
 };
 
-// The caching pool allocator. Thread-safe: one mutex guards everything.
+// The caching pool allocator. Thread-safe: one lock guards the pool's
+// structure; a per-thread cache in front of it serves repeated sizes without
+// the lock (Note [Thread cache]).
 class DevicePool {
  public:
   // `source` must outlive the pool. Throws InputError on a bad config.
@@ -259,11 +272,12 @@ class DevicePool {
   Status allocate(std::uint64_t bytes, PoolAllocation* out, bool movable = false,
                   std::uint64_t owner = 0);
   // invalid_argument for a handle that is not live in this pool (double free).
+  // A block may be freed by any thread, not only the one that allocated it.
   Status free(const PoolAllocation& a);
   Status set_movable(const PoolAllocation& a, bool movable);
 
-  // Returns every wholly free segment (and free expandable tails) to the
-  // source; the bytes given back.
+  // Empties every thread cache, then returns every wholly free segment (and
+  // free expandable tails) to the source; the bytes given back.
   std::uint64_t empty_cache();
 
   // Note [Compaction] in pool.cpp. `fn` runs with the pool locked: it must not
@@ -276,6 +290,7 @@ class DevicePool {
   const PoolConfig& config() const { return config_; }
 
  private:
+  friend struct PoolThreadCacheRegistry;  // returns a thread's caches at thread exit
   struct Segment;
   struct BySize {
     bool operator()(const PoolBlock* a, const PoolBlock* b) const;
@@ -285,6 +300,9 @@ class DevicePool {
 
   Kind kind_of(std::uint64_t rounded) const;
   PoolBlock* best_fit(Kind k, std::uint64_t size);
+  Status allocate_locked(std::uint64_t bytes, std::uint64_t size, PoolAllocation* out, bool movable,
+                         std::uint64_t owner);
+  Status free_locked(const PoolAllocation& a);
   Status grow(Kind k, std::uint64_t size, PoolBlock** out);
   Status new_segment(Kind k, std::uint64_t size, PoolBlock** out);
   Status extend_expandable(Kind k, std::uint64_t size, PoolBlock** out);
@@ -295,6 +313,26 @@ class DevicePool {
                 PoolAllocation* out);
   bool live(const PoolAllocation& a) const;
   void release_block(PoolBlock* b, bool may_cache);  // allocated -> free, coalesce, trim
+  void put_back(PoolBlock* b, bool may_cache);       // a block nobody holds -> cache or free set
+  // Thread caches (Note [Thread cache]).
+  PoolThreadCache* fast_cache() const;      // this thread's cache, from thread-local memory only
+  PoolThreadCache* own_cache(bool create);  // the same, registering one if asked; under lock
+  void sync_own_cache(PoolThreadCache* c);  // the owner's locked call begins: drain mark, peak
+  void rebase(PoolThreadCache* c);          // ... and ends: peak tracking restarts from here
+  struct Rebase {
+    DevicePool* pool;
+    PoolThreadCache* cache;
+    ~Rebase() {
+      if (cache) pool->rebase(cache);
+    }
+  };
+  bool cache_push(PoolThreadCache* c, PoolBlock* b);  // into its bin, if the bin has room
+  void drain(PoolThreadCache* c);         // its blocks back into the pool; owner excluded
+  bool drain_thread_caches();             // all of them; true when any block came back
+  void retire_cache(PoolThreadCache* c);  // thread exit: drain, fold counters, forget
+  std::uint64_t thread_cached_blocks() const;
+  std::int64_t thread_allocated_delta() const;
+  void note_allocated();  // peak_allocated_bytes, counting the thread caches' deltas
   PoolBlock* coalesce(PoolBlock* b);
   PoolBlock* pop_cached(std::uint64_t size);
   void uncache(PoolBlock* b);
@@ -324,8 +362,10 @@ class DevicePool {
   std::vector<PoolBlock*> spare_blocks_;
   std::vector<PoolBlock*> cache_;  // the fast-path cache, newest last
   std::uint64_t cached_bytes_ = 0;
-  std::uint64_t next_generation_ = 1;
   PoolStats st_;
+  const std::uint64_t id_;  // unique per pool ever made: a thread cache finds its pool by it
+  bool thread_cache_;
+  std::vector<std::shared_ptr<PoolThreadCache>> caches_;  // of live threads, under mu_
 };
 
 }  // namespace u3m::mem
