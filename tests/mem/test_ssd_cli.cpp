@@ -2,10 +2,12 @@
 // fio reference computed from them, and rejects bad options with a clear error.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -24,13 +26,17 @@ bool have_fio() {
   return std::system("command -v fio >/dev/null 2>&1") == 0;
 }
 
-TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithTheReference) {
+// A tiny run (2 rounds of 0.05 s over 4 MiB) that still goes through every
+// step: both sides, every size and op, the per-pair ratios and their median.
+TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithPairedReference) {
   u3m::mem::testing::ScratchDir dir;
-  CliRun r = u3m("bench ssd --json --sizes 64K,1M --total-mb 4 --repeat 1 --dir " + dir.path());
+  CliRun r = u3m("bench ssd --json --sizes 64K,1M --rounds 2 --seconds 0.05 --region-mb 4 --dir " +
+                 dir.path());
   ASSERT_EQ(r.status, 0) << r.output;
   auto j = nlohmann::json::parse(r.output);
   EXPECT_TRUE(j.at("measured").get<bool>());
   EXPECT_NE(j.at("machine").get<std::string>().find("cores"), std::string::npos);
+  EXPECT_NE(j.at("method").get<std::string>().find("same queue depth"), std::string::npos);
   EXPECT_EQ(j.at("checksum_failures").get<int>(), 0);
   EXPECT_EQ(j.at("direct_io").get<bool>(), u3m::mem::testing::dir_supports_direct_io(dir));
   const auto& res = j.at("results");
@@ -40,14 +46,29 @@ TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithTheReference) {
   for (std::size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(res[i].at("op"), want[i].first);
     EXPECT_EQ(res[i].at("size").get<std::uint64_t>(), want[i].second);
+    EXPECT_EQ(res[i].at("io_bytes").get<std::uint64_t>(), want[i].second);  // both <= 1 MiB
+    EXPECT_EQ(res[i].at("queue_depth").get<unsigned>(), 16u);
     double bw = res[i].at("bandwidth_gbps").get<double>();
     EXPECT_GT(bw, 0);
+    auto store = res[i].at("store_gbps_samples").get<std::vector<double>>();
+    ASSERT_EQ(store.size(), 2u);
+    EXPECT_NEAR(bw, (store[0] + store[1]) / 2, 1e-9);  // median of two
+    // The engine never has more than --qd I/Os in flight.
+    double depth = res[i].at("store_mean_depth").get<double>();
+    EXPECT_GE(depth, 1.0);
+    EXPECT_LE(depth, 16.0);
     if (have_fio()) {
-      double ref = res[i].at("reference_gbps").get<double>();
-      EXPECT_GT(ref, 0);
-      EXPECT_NEAR(res[i].at("ratio").get<double>(), bw / ref, 1e-9);
+      auto fio = res[i].at("reference_gbps_samples").get<std::vector<double>>();
+      auto ratios = res[i].at("ratio_samples").get<std::vector<double>>();
+      ASSERT_EQ(fio.size(), 2u);
+      ASSERT_EQ(ratios.size(), 2u);
+      for (int k = 0; k < 2; ++k) EXPECT_NEAR(ratios[k], store[k] / fio[k], 1e-9);
+      EXPECT_NEAR(res[i].at("ratio").get<double>(), (ratios[0] + ratios[1]) / 2, 1e-9);
+      EXPECT_DOUBLE_EQ(res[i].at("ratio_min").get<double>(), std::min(ratios[0], ratios[1]));
+      EXPECT_DOUBLE_EQ(res[i].at("ratio_max").get<double>(), std::max(ratios[0], ratios[1]));
     } else {
       EXPECT_TRUE(res[i].at("reference_gbps").is_null());
+      EXPECT_TRUE(res[i].at("ratio").is_null());
     }
   }
   // Nothing left behind in the measured directory.
@@ -56,10 +77,27 @@ TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithTheReference) {
 
 TEST(BenchSsdCli, TextWithoutFioSaysReferenceNa) {
   u3m::mem::testing::ScratchDir dir;
-  CliRun r = u3m("bench ssd --no-fio --sizes 64K --total-mb 1 --repeat 1 --dir " + dir.path());
+  CliRun r = u3m("bench ssd --no-fio --sizes 64K --rounds 1 --seconds 0.05 --region-mb 1 --dir " +
+                 dir.path());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("measured on"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("reference: n/a (skipped (--no-fio))"), std::string::npos) << r.output;
+}
+
+TEST(BenchSsdCli, JsonWithoutFioHasNullReference) {
+  u3m::mem::testing::ScratchDir dir;
+  CliRun r =
+      u3m("bench ssd --json --no-fio --sizes 64K --rounds 1 --seconds 0.05 --region-mb 1 "
+          "--dir " +
+          dir.path());
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_TRUE(j.at("reference").is_null());
+  EXPECT_EQ(j.at("reference_note"), "skipped (--no-fio)");
+  for (const auto& res : j.at("results")) {
+    EXPECT_GT(res.at("bandwidth_gbps").get<double>(), 0);
+    EXPECT_TRUE(res.at("ratio").is_null());
+  }
 }
 
 TEST(BenchSsdCli, BadSizeIsAClearError) {
@@ -69,6 +107,12 @@ TEST(BenchSsdCli, BadSizeIsAClearError) {
   r = u3m("bench ssd --sizes 1000 --no-fio");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("not a multiple of 4 KiB"), std::string::npos) << r.output;
+  r = u3m("bench ssd --rounds 0 --no-fio");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--rounds"), std::string::npos) << r.output;
+  r = u3m("bench ssd --seconds 0 --no-fio");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--seconds"), std::string::npos) << r.output;
 }
 
 }  // namespace

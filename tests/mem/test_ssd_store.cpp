@@ -216,6 +216,27 @@ TEST_F(SsdStoreTest, IdenticalRewriteIssuesNoIo) {
   EXPECT_EQ(s->engine().stats().writes, writes + 6);
 }
 
+// Admission hashes a rewrite only while its extents match the stored ones
+// (Note [Hashing while writing]): a change in the first extent, found at
+// once, and one in the last, found after hashing the rest, are both written.
+TEST_F(SsdStoreTest, RewriteChangedInFirstOrLastExtentIsWritten) {
+  auto s = open_store(options(16 * MiB));
+  auto v = blob(4, 1, 3 * MiB);
+  ASSERT_EQ(s->put(4, v.data(), v.size(), false), Status::ok);
+  for (std::size_t at : {std::size_t{0}, 3 * MiB - 1}) {
+    auto writes = s->engine().stats().writes;
+    v[at] ^= 0x80;
+    ASSERT_EQ(s->put(4, v.data(), v.size(), false), Status::ok);
+    EXPECT_EQ(s->engine().stats().writes, writes + 3) << at;
+    std::vector<unsigned char> out(v.size());
+    ASSERT_EQ(s->get(4, out.data(), out.size()), Status::ok);
+    EXPECT_EQ(out, v) << at;
+  }
+  EXPECT_EQ(s->stats().writes_avoided, 0u);
+  ASSERT_EQ(s->put(4, v.data(), v.size(), false), Status::ok);  // now unchanged
+  EXPECT_EQ(s->stats().writes_avoided, 1u);
+}
+
 TEST_F(SsdStoreTest, AdmittedRewriteStillUpdatesEvictability) {
   auto s = open_store(options(MiB));
   const std::size_t n = 512 * 1024;

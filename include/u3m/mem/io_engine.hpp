@@ -5,12 +5,13 @@
 // real engine and rewrites results, it does not patch the store).
 //
 // Contract shared by every engine:
-//  - submit() never fails synchronously. Every op's outcome arrives exactly
-//    once through its `done` callback as bytes transferred (>= 0; fewer than
-//    asked is a short transfer) or -errno.
+//  - submit() never fails synchronously and never waits for the device: ops
+//    beyond the engine's queue depth wait in the engine, in order. Every op's
+//    outcome arrives exactly once through its `done` callback as bytes
+//    transferred (>= 0; fewer than asked is a short transfer) or -errno.
 //  - `done` may run on the engine's completion thread or inline inside
 //    submit(). It must be short, must not block on the engine and must not call
-//    submit() (the engine may be waiting for queue space on that very thread).
+//    submit() (the completion thread also starts waiting ops).
 //  - With O_DIRECT, buf, len and offset must be aligned to the file's logical
 //    block size; the engine does not check, the kernel answers -EINVAL.
 //  - Thread-safe: several threads may submit at once.
@@ -47,6 +48,13 @@ struct IoEngineStats {
   std::uint64_t reads = 0, writes = 0;
   std::uint64_t bytes_read = 0, bytes_written = 0;  // bytes actually transferred
   std::uint64_t errors = 0;                         // results < 0
+  // Queue depth actually reached at the device: for each completed op, the ops
+  // in flight when it was reaped (itself included) are added to depth_sum, so
+  // depth_sum / completions is the mean depth. 0 where an engine (the fault
+  // wrapper) does not track it.
+  std::uint64_t completions = 0, depth_sum = 0;
+  std::uint64_t max_depth = 0;  // most ops ever in flight at once
+  std::uint64_t queued = 0;     // ops that waited in the engine for a free slot
 };
 
 class IoEngine {
@@ -59,9 +67,11 @@ class IoEngine {
 };
 
 // io_uring (liburing) with one completion thread. At most `queue_depth` ops are
-// in flight; submit() blocks for space beyond that (back-pressure, never
-// dropped). Fails with `unsupported` where the kernel refuses io_uring (old
-// kernel, seccomp, io_uring_disabled); `why` then says what the kernel said.
+// in flight; ops beyond that wait in a FIFO inside the engine (never dropped,
+// and submit() does not block) and the completion thread starts them as slots
+// free, before it runs any callback (Note [Refill before callbacks]). Fails
+// with `unsupported` where the kernel refuses io_uring (old kernel, seccomp,
+// io_uring_disabled); `why` then says what the kernel said.
 Status make_uring_engine(unsigned queue_depth, std::unique_ptr<IoEngine>& out,
                          std::string* why = nullptr);
 

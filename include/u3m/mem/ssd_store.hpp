@@ -159,8 +159,6 @@ class SsdStore {
   struct Request;
 
   explicit SsdStore(SsdStoreOptions options);
-  std::vector<std::uint64_t> checksums(std::uint64_t key, const void* data,
-                                       std::size_t bytes) const;
   std::uint64_t rounded(std::uint64_t n) const { return (n + kBlock - 1) / kBlock * kBlock; }
   // Allocates extents for `bytes`, evicting LRU evictable entries (never
   // `keep`) as needed. Evicted keys are appended to `evicted`. Locked.
