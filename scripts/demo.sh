@@ -6,6 +6,8 @@
 #   3. capture a real PyTorch RLHF-style run on this CPU (python/u3m_capture)
 #   4. evaluate every access predictor on all three
 #   5. plan device memory for a training step: static plan vs the caching pool
+#   6. replay a training trace through the real runtime under half its footprint
+#   7. training capacity per tiering policy on 4 x Ascend 910B (simulated)
 set -euo pipefail
 U3M=${1:-build/release/apps/u3m/u3m}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +42,15 @@ done
 section "5. Device memory for one llama2-13b training step: static plan vs the caching pool (computed from the trace)"
 "$U3M" trace gen --model llama2-13b --workload train --steps 2 -o "$out/train.u3mt" >/dev/null
 "$U3M" mem plan "$out/train.u3mt"
+
+section "6. The real runtime: a tiny training trace replayed with real bytes under a device budget of half its footprint (measured on this machine)"
+"$U3M" trace gen --model tiny --workload train --steps 2 -o "$out/tiny-train.u3mt" >/dev/null
+"$U3M" run replay "$out/tiny-train.u3mt" --device-fraction 0.5 --host-budget 8M --ssd-dir "$out"
+
+section "7. Training capacity per policy, simulated with the ascend-910b-32g profile x 4 cards (docs/training.md)"
+"$U3M" train capacity
+echo
+"$U3M" train capacity --grad-accum 16
 
 echo
 echo "demo files in $out"

@@ -54,6 +54,14 @@ std::vector<std::uint64_t> parse_size_list(std::string_view list, std::string_vi
   return out;
 }
 
+std::string approx_bytes(double b) {
+  const double a = b < 0 ? -b : b;
+  if (a >= double(1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (a >= double(1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+  if (a >= 1024) return fmt::format("{:.1f} KiB", b / 1024);
+  return fmt::format("{:.0f} B", b);
+}
+
 std::string human_bytes(std::uint64_t b) {
   if (b >= (1ull << 30) && b % (1ull << 30) == 0) return fmt::format("{} GiB", b >> 30);
   if (b >= (1ull << 20) && b % (1ull << 20) == 0) return fmt::format("{} MiB", b >> 20);

@@ -18,8 +18,10 @@ std::uint64_t parse_size(std::string_view text, std::string_view where, std::uin
 // A comma-separated list of sizes ("64K,1M,4M"); empty items and lists are errors.
 std::vector<std::uint64_t> parse_size_list(std::string_view list, std::string_view where,
                                            std::uint64_t max_bytes);
-// "64 KiB", "4 MiB", "512 B".
+// "64 KiB", "4 MiB", "512 B": exact, for sizes a user chose.
 std::string human_bytes(std::uint64_t bytes);
+// "11.75 MiB", "812.0 KiB", "96 B": rounded, for measured amounts.
+std::string approx_bytes(double bytes);
 double median(std::vector<double> v);
 
 }  // namespace u3m::cli

@@ -10,6 +10,10 @@ void add_trace_gen_command(CLI::App& trace);  // cmd_gen.cpp: trace gen
 void add_predict_commands(CLI::App& app);     // cmd_predict.cpp: predict eval
 void add_bench_commands(CLI::App& app);       // cmd_bench.cpp: bench copy|ssd|alloc
 void add_mem_commands(CLI::App& app);         // cmd_mem.cpp: mem plan
+void add_hw_commands(CLI::App& app);        // cmd_hw.cpp: hw show|calibrate (sim profiles)
+void add_requests_commands(CLI::App& app);  // cmd_requests.cpp: requests import|gen|stats
+void add_run_commands(CLI::App& app);       // cmd_run.cpp: run replay (runtime under a budget)
+void add_train_commands(CLI::App& app);     // cmd_train.cpp: train sim|capacity (simulated)
 void add_bench_copy_command(CLI::App& bench);   // cmd_bench_copy.cpp (device-emu, host)
 void add_bench_ssd_command(CLI::App& bench);    // cmd_bench_ssd.cpp (SSD store)
 void add_bench_alloc_command(CLI::App& bench);  // cmd_bench_alloc.cpp (pool allocator)

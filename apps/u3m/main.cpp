@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   u3m::cli::add_predict_commands(app);
   u3m::cli::add_bench_commands(app);
   u3m::cli::add_mem_commands(app);
+  u3m::cli::add_run_commands(app);
+  u3m::cli::add_train_commands(app);
+  u3m::cli::add_hw_commands(app);
+  u3m::cli::add_requests_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,202 @@
+// u3m run replay: a trace replayed through the real runtime (device-emu,
+// pinned host, optional SSD tier) under a device budget smaller than its
+// footprint, with every byte checked (docs/runtime.md, "Replay").
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.hpp"
+#include "commands.hpp"
+#include "u3m/engine/replay.hpp"
+#include "u3m/trace/io.hpp"
+#include "u3m/util/error.hpp"
+
+namespace u3m::cli {
+namespace {
+
+struct ReplayArgs {
+  std::string trace;
+  std::string device_budget, host_budget, ssd_size;
+  double device_fraction = 0.5;
+  engine::ReplayOptions opt;
+  bool json = false;
+};
+
+nlohmann::json tier_json(const mem::TierReport& r) {
+  nlohmann::json j = {{"used_bytes", r.used},
+                      {"capacity_bytes", r.capacity},
+                      {"peak_bytes", r.peak},
+                      {"level", mem::to_string(r.level)},
+                      {"warnings", r.warnings},
+                      {"criticals", r.criticals},
+                      {"growth_bytes_per_s", r.growth_bytes_per_s}};
+  auto secs = [](double s) { return std::isinf(s) ? nlohmann::json(nullptr) : nlohmann::json(s); };
+  j["time_to_oom_s"] = secs(r.time_to_oom_s);
+  j["min_time_to_oom_s"] = secs(r.min_time_to_oom_s);
+  return j;
+}
+
+std::string tier_line(const char* name, const mem::TierReport& r) {
+  auto secs = [](double s) {
+    return std::isinf(s) ? std::string("never") : fmt::format("{:.3f} s", s);
+  };
+  std::string oom =
+      fmt::format("{} now, shortest seen {}", secs(r.time_to_oom_s), secs(r.min_time_to_oom_s));
+  return fmt::format(
+      "  {:<6} peak {} of {} ({:.0f}%), now {}; level {} (warnings {}, critical {}); "
+      "growth {}/s; time to OOM {}\n",
+      name, approx_bytes(r.peak), approx_bytes(r.capacity),
+      r.capacity ? 100.0 * double(r.peak) / double(r.capacity) : 0.0, approx_bytes(r.used),
+      mem::to_string(r.level), r.warnings, r.criticals, approx_bytes(r.growth_bytes_per_s), oom);
+}
+
+int run_replay(ReplayArgs& a) {
+  if (!(a.device_fraction > 0 && a.device_fraction <= 1))
+    input_error("--device-fraction", "must be in (0, 1], got {}", a.device_fraction);
+  constexpr std::uint64_t kMax = 1ull << 40;
+  engine::ReplayOptions& o = a.opt;
+  o.device_fraction = a.device_fraction;
+  if (!a.device_budget.empty())
+    o.device_budget = parse_size(a.device_budget, "--device-budget", kMax);
+  if (!a.host_budget.empty()) o.host_budget = parse_size(a.host_budget, "--host-budget", kMax);
+  if (!a.ssd_size.empty()) o.ssd_capacity = parse_size(a.ssd_size, "--ssd-size", kMax);
+  if (o.h2d_gbps < 0 || o.d2h_gbps < 0) input_error("--h2d-gbps/--d2h-gbps", "must be >= 0");
+
+  trace::Trace t = trace::load_trace(a.trace);
+  const bool tty = isatty(STDERR_FILENO) && !a.json;
+  auto progress = [&](std::uint64_t done, std::uint64_t total) {
+    if (tty) fmt::print(stderr, "\r  replaying: {}/{} events", done, total);
+  };
+  engine::ReplayReport r = engine::replay_trace(t, o, progress);
+  if (tty) fmt::print(stderr, "\r\033[K");
+  const engine::EngineStats& s = r.engine;
+  const std::string where = fmt::format("measured on {}", machine());
+
+  if (a.json) {
+    nlohmann::json links = nlohmann::json::object();
+    for (int l = 0; l < engine::kNumLinks; ++l) {
+      const auto& ls = s.links[l];
+      links[std::string(engine::to_string(engine::Link(l)))] = {
+          {"transfers", ls.transfers},
+          {"bytes", ls.bytes},
+          {"failures", ls.failures},
+          {"retries", ls.retries},
+          {"busy_s", double(ls.busy_ns) * 1e-9}};
+    }
+    nlohmann::json j = {{"trace", a.trace},
+                        {"measured_on", machine()},
+                        {"events", r.events},
+                        {"ops", r.ops},
+                        {"tensors", r.tensors},
+                        {"footprint_bytes", r.footprint},
+                        {"device_budget_bytes", r.device_budget},
+                        {"host_budget_bytes", r.host_budget},
+                        {"ssd_capacity_bytes", r.ssd_capacity},
+                        {"lookahead_ops", o.lookahead},
+                        {"bytes_written", r.bytes_written},
+                        {"bytes_verified", r.bytes_verified},
+                        {"mismatches", r.mismatches},
+                        {"errors", r.errors},
+                        {"first_error", r.first_error},
+                        {"ok", r.ok()},
+                        {"wall_s", r.wall_s},
+                        {"acquires", s.acquires},
+                        {"hits", s.hits},
+                        {"misses", s.misses},
+                        {"stall_s", double(s.stall_ns) * 1e-9},
+                        {"prefetches", s.prefetches},
+                        {"prefetch_hits", s.prefetch_hits},
+                        {"evictions", s.evictions},
+                        {"clean_drops", s.clean_drops},
+                        {"lost_tensors", s.lost_tensors},
+                        {"links", links},
+                        {"device", tier_json(r.device)},
+                        {"host", tier_json(r.host)},
+                        {"pool",
+                         {{"peak_reserved_bytes", r.pool.peak_reserved_bytes},
+                          {"peak_allocated_bytes", r.pool.peak_allocated_bytes},
+                          {"fragmentation", r.pool.fragmentation},
+                          {"segments", r.pool.segments}}}};
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("replay of {}: {} events, {} ops, {} tensors ({})\n", a.trace, r.events, r.ops,
+               r.tensors, where);
+    fmt::print(
+        "  footprint {} (most bytes live at once); device budget {} ({:.0f}%), host {}, SSD {}\n",
+        approx_bytes(r.footprint), approx_bytes(r.device_budget),
+        100.0 * double(r.device_budget) / double(std::max<std::uint64_t>(r.footprint, 1)),
+        approx_bytes(r.host_budget), r.ssd_capacity ? approx_bytes(r.ssd_capacity) : "none");
+    fmt::print(
+        "  data: {} written, {} read back and checked, {} mismatches, {} failed acquires -> {}\n",
+        approx_bytes(r.bytes_written), approx_bytes(r.bytes_verified), r.mismatches, r.errors,
+        r.ok() ? "OK" : "FAILED");
+    if (!r.first_error.empty()) fmt::print("  first error: {}\n", r.first_error);
+    fmt::print(
+        "  wall {:.2f} s; acquires {} ({} hits, {} waited {:.1f} ms in all); prefetches {} ({} "
+        "used)\n",
+        r.wall_s, s.acquires, s.hits, s.misses, double(s.stall_ns) * 1e-6, s.prefetches,
+        s.prefetch_hits);
+    fmt::print("  evictions {} ({} clean, no write-back); lost tensors {}\n", s.evictions,
+               s.clean_drops, s.lost_tensors);
+    fmt::print("  {:<5} {:>10} {:>12} {:>9} {:>8}\n", "link", "transfers", "bytes", "failures",
+               "busy s");
+    for (int l = 0; l < engine::kNumLinks; ++l) {
+      const auto& ls = s.links[l];
+      fmt::print("  {:<5} {:>10} {:>12} {:>9} {:>8.3f}\n", engine::to_string(engine::Link(l)),
+                 ls.transfers, approx_bytes(ls.bytes), ls.failures, double(ls.busy_ns) * 1e-9);
+    }
+    fmt::print("monitor (warning 85%, critical 95% of each budget):\n");
+    fmt::print("{}", tier_line("device", r.device));
+    fmt::print("{}", tier_line("host", r.host));
+    fmt::print(
+        "device pool: peak reserved {}, peak allocated {}, fragmentation now {:.3f} "
+        "(1 - largest free / free), {} segments\n",
+        approx_bytes(r.pool.peak_reserved_bytes), approx_bytes(r.pool.peak_allocated_bytes),
+        r.pool.fragmentation, r.pool.segments);
+  }
+  return r.ok() ? 0 : 3;
+}
+
+}  // namespace
+
+void add_run_commands(CLI::App& app) {
+  auto* run = app.add_subcommand("run", "Run workloads through the real three-tier runtime");
+  run->require_subcommand(1);
+  auto a = std::make_shared<ReplayArgs>();
+  auto* rp = run->add_subcommand(
+      "replay",
+      "Replay a trace through the runtime (device-emu HBM, pinned host, optional SSD) under a "
+      "device budget below its footprint. Every write fills a tensor with a pattern unique to "
+      "(tensor, version) and every read checks it; exits 3 if any byte or acquire was wrong.");
+  rp->add_option("trace", a->trace, "Trace file (.u3mt or .jsonl), e.g. from 'u3m trace gen'")
+      ->required()
+      ->check(CLI::ExistingFile);
+  rp->add_option("--device-budget", a->device_budget,
+                 "Device budget, e.g. 8M (default: see --device-fraction)");
+  rp->add_option("--device-fraction", a->device_fraction,
+                 "Device budget as a fraction of the footprint")
+      ->capture_default_str();
+  rp->add_option("--host-budget", a->host_budget, "Host budget (default: the footprint)");
+  rp->add_option("--ssd-dir", a->opt.ssd_dir,
+                 "Directory for the SSD tier's store file (default: no SSD tier)")
+      ->check(CLI::ExistingDirectory);
+  rp->add_option("--ssd-size", a->ssd_size,
+                 "SSD tier size (default: twice the footprint + 64 MiB)");
+  rp->add_option("--lookahead", a->opt.lookahead,
+                 "Ops ahead whose tensors are prefetched (0 = none)")
+      ->capture_default_str();
+  rp->add_option("--h2d-gbps", a->opt.h2d_gbps, "Throttle host-to-device copies (GB/s, 0 = none)");
+  rp->add_option("--d2h-gbps", a->opt.d2h_gbps, "Throttle device-to-host copies (GB/s, 0 = none)");
+  rp->add_option("--max-events", a->opt.max_events, "Replay only the first N events (0 = all)");
+  rp->add_flag("--json", a->json, "Print one JSON object");
+  rp->callback([a] {
+    int rc = run_replay(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace u3m::cli

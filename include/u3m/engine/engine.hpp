@@ -1,0 +1,229 @@
+// The runtime: a registry of tensors, where each one lives (device, host,
+// SSD), and the migrations that move them. Compute calls acquire() before it
+// touches a tensor and release() after; the pointer is valid in between and
+// no migration ever races it. docs/runtime.md describes the design; the
+// Note [...] blocks in engine.cpp give the reasons.
+//
+// The engine is decision code: it reads time only from a Clock, allocates
+// device memory from a DevicePool and host memory from a MemoryBackend, and
+// moves bytes only through a Transport. Real runs plug in wall time, the
+// device-emu/host backends and BackendTransport; the simulator plugs in a
+// virtual clock, a pool over fake addresses and a modelled transport.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "u3m/engine/clock.hpp"
+#include "u3m/engine/transport.hpp"
+#include "u3m/mem/backend.hpp"
+#include "u3m/mem/monitor.hpp"
+#include "u3m/mem/pool.hpp"
+
+namespace u3m::engine {
+
+using TensorId = std::uint64_t;
+
+enum class Access : std::uint8_t { read, write };
+// Lower value = served first on a link.
+enum class Priority : std::uint8_t { demand = 0, prefetch = 1, writeback = 2 };
+inline constexpr int kNumPriorities = 3;
+std::string_view to_string(Priority p);
+
+struct TierLimits {
+  std::uint64_t capacity = 0;    // bytes the engine may keep in the tier (device, host > 0)
+  double high_watermark = 0.90;  // start evicting above this fraction ...
+  double low_watermark = 0.80;   // ... down to this one
+};
+
+struct EngineConfig {
+  TierLimits device{.capacity = 1ull << 30};
+  TierLimits host{.capacity = 4ull << 30};
+  // Per-link cap in bytes/s, 0 = none (e.g. h2s = 1e9: the emergency spill of MISSION.md).
+  std::array<double, kNumLinks> link_rate{};
+  // Transfers a link may have started and not finished; more wait in the
+  // engine's priority queue, so a demand fetch overtakes queued write-backs.
+  std::array<unsigned, kNumLinks> link_slots{2, 2, 8, 8};
+  unsigned read_retries = 2;  // re-reads of an SSD copy that failed its checksum
+  std::uint64_t failure_backoff_ns =
+      1'000'000;  // first pause before re-evicting after a failed write-back
+  mem::MonitorConfig monitor{};
+  void validate() const;  // throws InputError naming the field
+};
+
+// Where a tensor's data is, for callers and tests.
+struct Residency {
+  bool valid[mem::kNumTiers] = {};  // holds the latest data
+  bool in_flight = false;
+  std::uint32_t readers = 0;
+  bool writer = false;
+  bool lost = false;  // no readable copy is left (reported, never hidden)
+};
+
+// A pinned copy: ptr stays valid and unmoved until release(lease).
+struct Lease {
+  TensorId id = 0;
+  Tier tier = Tier::device;
+  Access access = Access::read;
+  void* ptr = nullptr;
+  std::uint64_t bytes = 0;
+  explicit operator bool() const { return ptr != nullptr; }
+};
+
+struct LinkStats {
+  std::uint64_t transfers = 0, bytes = 0, failures = 0, retries = 0;
+  std::uint64_t by_priority[kNumPriorities] = {};
+  std::uint64_t busy_ns = 0;  // summed transfer durations (start to completion)
+};
+
+struct EngineStats {
+  std::uint64_t tensors = 0;
+  std::uint64_t used[mem::kNumTiers] = {}, peak[mem::kNumTiers] = {};
+  std::array<LinkStats, kNumLinks> links{};
+  std::uint64_t acquires = 0, hits = 0, misses = 0;  // a miss waited for a fetch
+  std::uint64_t prefetches = 0, prefetch_hits = 0;   // hits on a copy a prefetch brought
+  std::uint64_t evictions = 0;                       // copies dropped from device or host
+  std::uint64_t clean_drops = 0;  // of which needed no write-back (a lower copy was valid)
+  std::uint64_t stall_ns = 0;     // time acquire() waited
+  std::uint64_t io_errors = 0, no_space = 0, short_io = 0, corrupt_reads = 0, device_errors = 0;
+  std::uint64_t lost_tensors = 0;  // no readable copy left; each was reported to its caller
+  std::uint64_t oom = 0;           // acquires refused: nothing left to evict
+};
+
+class Engine {
+ public:
+  // The references must outlive the engine. `device_pool` allocates device
+  // memory that `transport` can copy to and from (a pool over the device
+  // backend); `host` allocates host memory.
+  Engine(EngineConfig config, mem::DevicePool& device_pool, mem::MemoryBackend& host,
+         Transport& transport, const Clock& clock);
+  ~Engine();  // waits for transfers in flight, frees every copy
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Registers a tensor with no data yet; its first acquire allocates it in
+  // the tier asked for (contents undefined until written, like malloc).
+  // invalid_argument for 0 bytes or an id already registered.
+  Status add(TensorId id, std::uint64_t bytes);
+  // Forgets a tensor and frees its copies. busy while it is leased or moving.
+  Status remove(TensorId id);
+
+  // Blocks until the tensor is in `tier` (device or host) and may be used as
+  // asked: any number of readers, or one writer and nobody else. A write
+  // makes the other copies stale (they are dropped). Errors: not_found,
+  // out_of_memory (nothing left to evict), and the I/O status of a fetch that
+  // failed (io_error, corrupt, device_failed): the tensor is then reported
+  // lost if no other copy remains.
+  Status acquire(TensorId id, Tier tier, Access access, Lease* out);
+  // The non-blocking form: ok and a lease if it can be granted now; busy
+  // after scheduling what it needs (a demand fetch) otherwise.
+  Status try_acquire(TensorId id, Tier tier, Access access, Lease* out);
+  Status release(const Lease& lease);
+
+  // Hints from the policy/predictor: bring a copy to `tier` at prefetch
+  // priority, or move the tensor's data out of `from` (write-back priority).
+  Status prefetch(TensorId id, Tier tier);
+  Status evict(TensorId id, Tier from);
+
+  // The policy's eviction order (policy/ layer: heat, Belady's oracle, pinned
+  // prefixes). Lower score = evicted first; +inf = never evicted by pressure.
+  // Null (the default) = least recently used. Called under the engine's lock:
+  // it must be quick and must not call back into the engine.
+  using VictimScore = std::function<double(TensorId, Tier)>;
+  void set_victim_score(VictimScore fn);
+
+  // Waits until no transfer is running; what is still queued then waits for
+  // a release (room or a lease) to become startable.
+  void drain();
+  // Changes a link's rate cap at run time (e.g. the emergency spill).
+  void set_link_rate(Link link, double bytes_per_s);
+
+  std::optional<Residency> residency(TensorId id) const;
+  EngineStats stats() const;
+  mem::TierReport monitor(Tier t) const;
+  void on_alert(mem::AlertFn fn);
+  const EngineConfig& config() const { return config_; }
+
+ private:
+  struct Entry;
+  struct Job {  // a queued move on one link; a hint, Note [Flags are the truth, jobs are hints]
+    Priority prio;
+    std::uint64_t seq;
+    TensorId id;
+    Tier to;     // the tier the data goes to
+    bool evict;  // drop the source copy once the destination is confirmed
+    unsigned attempt;
+  };
+  struct LinkQueue {
+    std::deque<Job> q[kNumPriorities];
+    unsigned in_flight = 0;
+    bool empty() const { return q[0].empty() && q[1].empty() && q[2].empty(); }
+  };
+  struct Running {
+    Job job;
+    Link link;
+    Tier from;
+    std::uint64_t start_ns;
+  };
+  struct Actions {  // work done outside the lock
+    std::vector<Transfer> transfers;
+    std::vector<TensorId> ssd_erases;
+  };
+
+  Status acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
+                        Lease* out, bool block, Actions& act);
+  bool grantable(const Entry& e, Tier tier, Access access) const;
+  void grant(Entry& e, Tier tier, Access access, Lease* out, Actions& act);
+  void want(Entry& e, Tier tier, Priority prio);
+  void enqueue(Entry& e, Link link, Tier to, bool evict, Priority prio);
+  void rewant(Entry& e);
+  void set_evict_want(Entry& e, Tier t, bool on);
+  void notify();
+  void pump(Actions& act);
+  void evict_for_pressure(Tier t, Actions& act);
+  bool start_job(Link link, const Job& j, Actions& act);
+  bool allocate_copy(Entry& e, Tier t);
+  void free_copy(Entry& e, Tier t, Actions& act);
+  void drop_stale(Entry& e, Tier keep, Actions& act);
+  void touch(Entry& e, Tier t);
+  void on_done(const Transfer& t, Status s);
+  void run(Actions& act);
+  void note_use(Tier t);
+  std::uint64_t pending_bytes(Tier t) const;
+  bool evictable(const Entry& e, Tier t) const;
+
+  EngineConfig config_;
+  mem::DevicePool& pool_;
+  mem::MemoryBackend& host_;
+  Transport& transport_;
+  const Clock& clock_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // any state change a waiter may care about
+  std::unordered_map<TensorId, std::unique_ptr<Entry>> entries_;
+  std::list<Entry*> lru_[2];  // device, host: least recently used first
+  std::array<LinkQueue, kNumLinks> links_{};
+  std::unordered_map<std::uint64_t, Running> running_;
+  std::uint64_t next_seq_ = 1, next_ticket_ = 1;
+  std::uint64_t used_[mem::kNumTiers] = {};
+  std::uint64_t leaving_[2] = {0, 0};  // bytes with an eviction queued or running, per tier
+  std::uint64_t short_[2] = {0, 0};    // bytes of allocations that failed since the last pump
+  std::uint64_t epoch_ = 0;            // bumped on every state change waiters care about
+  std::uint64_t changes_ =
+      0;  // bumped when a copy may have become evictable (release, transfer done)
+  std::uint64_t futile_[2] = {~0ull, ~0ull};  // changes_ at a pressure scan that evicted nothing
+  mem::Monitor monitor_;
+  VictimScore victim_score_;
+  EngineStats st_;
+};
+
+}  // namespace u3m::engine

@@ -1,0 +1,59 @@
+// Replays a trace through the real runtime with a device budget smaller than
+// the trace's footprint, with real bytes: every write fills the tensor with a
+// pattern unique to (tensor, version), every read checks it. The trace itself
+// serves as the predictor (trace-replay prefetch over a lookahead of ops).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "u3m/engine/engine.hpp"
+#include "u3m/mem/pool.hpp"
+#include "u3m/trace/model.hpp"
+
+namespace u3m::engine {
+
+struct ReplayOptions {
+  // Device budget in bytes; 0 = `device_fraction` of the footprint.
+  std::uint64_t device_budget = 0;
+  double device_fraction = 0.5;
+  // Host budget; 0 = the footprint (everything fits in host).
+  std::uint64_t host_budget = 0;
+  // SSD tier: a store file in this directory ("" = no SSD tier), of this size
+  // (0 = twice the footprint).
+  std::string ssd_dir;
+  std::uint64_t ssd_capacity = 0;
+  unsigned lookahead = 4;             // ops ahead whose tensors are prefetched; 0 = none
+  double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
+  bool expandable_segments = true;
+  std::uint64_t max_events = 0;  // 0 = all
+};
+
+struct ReplayReport {
+  std::uint64_t events = 0, ops = 0, tensors = 0;
+  std::uint64_t footprint = 0;  // most bytes live at once (the device an untiered run needs)
+  std::uint64_t device_budget = 0, host_budget = 0, ssd_capacity = 0;
+  std::uint64_t bytes_written = 0, bytes_verified = 0, mismatches = 0;
+  std::uint64_t errors = 0;  // acquires that failed
+  std::string first_error;
+  double wall_s = 0;
+  EngineStats engine;
+  mem::TierReport device, host;
+  mem::PoolStats pool;
+  bool ok() const { return mismatches == 0 && errors == 0; }
+};
+
+// Progress callback: events done, events total.
+using ReplayProgress = std::function<void(std::uint64_t, std::uint64_t)>;
+
+// Throws InputError for a trace that cannot be replayed (a tensor of 0 bytes,
+// an SSD directory that cannot hold the store).
+ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& options,
+                          const ReplayProgress& progress = {});
+
+// The most bytes live at once over the trace (alloc/free events; tensors
+// never allocated count from their first use to the end).
+std::uint64_t trace_footprint(const trace::Trace& trace);
+
+}  // namespace u3m::engine

@@ -1,0 +1,70 @@
+// The training experiments of issue 5: one training step of a LLaMA-shaped
+// model simulated under a tiering policy (`u3m train sim`), and the capacity
+// sweep that finds, per policy, the largest model that trains within a
+// throughput-loss bound (`u3m train capacity`). The simulator runs the real
+// engine on virtual time (src/sim); this layer only wires workload, policy
+// and profile together. docs/training.md explains the policies and figures.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "u3m/sim/profile.hpp"
+#include "u3m/sim/runner.hpp"
+#include "u3m/workload/config.hpp"
+#include "u3m/workload/shape.hpp"
+
+namespace u3m::experiments {
+
+// hbm-only, static-offload, lru, u3m, oracle.
+const std::vector<std::string>& train_policy_names();
+
+struct TrainScenario {
+  workload::ModelShape shape;
+  workload::TrainConfig train;  // zero3_ranks is set from `cards`
+  sim::HwProfile hw;
+  std::uint32_t cards = 4;
+  std::string policy = "u3m";
+  std::uint32_t steps = 3;  // simulated; the last one is reported (the first warms up)
+  void validate() const;    // throws InputError naming the field
+};
+
+struct TrainResult {
+  std::string policy;
+  bool fits = false;            // the step ran within the card's HBM (and host) budgets
+  std::string why;              // when it does not fit
+  std::uint64_t params = 0;     // the whole model's parameters
+  std::uint64_t footprint = 0;  // per card, most bytes live at once (untiered need)
+  double step_s = 0;            // the last simulated step
+  double ideal_step_s = 0;      // the same step with infinite HBM, ops on the device
+  double loss = 0;              // 1 - ideal / step
+  double tokens_per_s = 0;      // all cards
+  double stall_s = 0;           // in the reported step... over the run
+  double hidden_fraction = 0;   // transfer time overlapped with compute
+  bool optimizer_on_host = false;
+  sim::SimReport sim;  // the whole run
+};
+
+TrainResult simulate_training(const TrainScenario& s);
+
+// The llama family for the sweep: shapes from ~1B to ~70B parameters, in
+// order of size (heads of 128, SwiGLU ffn = 8/3 d rounded to 256, GQA 8).
+std::vector<workload::ModelShape> llama_family();
+
+struct CapacityRow {
+  std::string policy;
+  std::uint64_t max_params = 0;  // 0: not even the smallest fits
+  std::string model;             // the shape that reached it
+  double loss = 0;
+  double step_s = 0;
+  std::vector<TrainResult> tried;  // every shape simulated, in order
+};
+
+// For each policy, walks the family upward and keeps the largest shape that
+// fits with loss <= max_loss. `progress` is called per simulated shape.
+std::vector<CapacityRow> training_capacity(
+    const TrainScenario& base, const std::vector<std::string>& policies, double max_loss,
+    const std::function<void(const std::string&)>& progress = {});
+
+}  // namespace u3m::experiments

@@ -1,0 +1,167 @@
+// Runs a trace through the real runtime (u3m::engine::Engine) on virtual
+// time: the device pool over fake addresses, SimHost, SimTransport's modelled
+// links, and a compute-time model per op. The engine makes every decision
+// (what to evict, which fetch goes first) exactly as in a real run; the
+// simulator only supplies time. Nothing is ever dereferenced.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "u3m/engine/engine.hpp"
+#include "u3m/mem/pool.hpp"
+#include "u3m/sim/profile.hpp"
+#include "u3m/sim/sim_transport.hpp"
+#include "u3m/trace/model.hpp"
+
+namespace u3m::sim {
+
+// ---- the trace as a sequence of ops ----------------------------------------
+
+struct Touch {
+  std::uint32_t tensor = 0;  // index into Trace::tensors
+  bool writes = false;
+};
+
+// One unit of work: a run of consecutive events of one op (Note [Replay
+// under a budget] in src/engine/replay.cpp: the same units, so real replay
+// and simulation treat a trace alike).
+struct Step {
+  std::uint32_t op = 0;              // index into Trace::ops
+  std::vector<Touch> touches;        // first-touch order, one entry per tensor
+  std::vector<std::uint32_t> frees;  // tensors freed at the end of the step
+};
+
+// Throws InputError for a tensor of 0 bytes or an event naming an op or
+// tensor that does not exist.
+std::vector<Step> build_steps(const trace::Trace& trace);
+
+// ---- hooks ------------------------------------------------------------------
+
+// Seconds of compute for one op.
+using OpTimeFn = std::function<double(const trace::Op&)>;
+
+// What a prefetch policy may see and do before a step runs.
+class PrefetchContext {
+ public:
+  virtual ~PrefetchContext() = default;
+  virtual const std::vector<Step>& steps() const = 0;
+  virtual const trace::Trace& trace() const = 0;
+  // The engine's view (residency, stats), for policies that look before they ask.
+  virtual const engine::Engine& engine() const = 0;
+  // Virtual time now (the step's compute has not started yet).
+  virtual std::uint64_t now_ns() const = 0;
+  // The tier step `step` runs in (SimOptions::op_tier): prefetching the
+  // inputs of a host step to the device would be wasted traffic.
+  virtual engine::Tier step_tier(std::size_t step) const = 0;
+  // The id the engine knows tensor `tensor` (an index into Trace::tensors) by.
+  static engine::TensorId engine_id(std::uint32_t tensor) { return engine::TensorId{tensor} + 1; }
+  // Asks the engine to bring the tensor's data to the device at prefetch
+  // priority; no-op for a tensor that holds no data now (never written or freed).
+  virtual void prefetch(std::uint32_t tensor) = 0;
+};
+// Called once step `step` holds its tensors (Note [Simulation loop]).
+using PrefetchHook = std::function<void(std::size_t step, PrefetchContext&)>;
+
+// The trace-replay baseline: the trace is its own predictor. At step j,
+// prefetch the tensors of step j + k (and, at step 0, of steps 1..k), for
+// the steps that run on the device.
+PrefetchHook lookahead_prefetch(unsigned k);
+PrefetchHook no_prefetch();
+
+// ---- options and report -----------------------------------------------------
+
+struct SimOptions {
+  // Device budget in bytes; 0 = device_fraction of the trace's footprint.
+  std::uint64_t device_budget = 0;
+  double device_fraction = 0.5;
+  // 0 = twice the footprint: everything fits in host below its watermarks
+  // (with exactly the footprint, a full host sits above its 90% watermark
+  // and drops host copies of data the device holds, which then must be
+  // written back again).
+  std::uint64_t host_budget = 0;
+  // Links and the SSD tier (links.ssd_capacity; 0 = no SSD tier). Required:
+  // fill from links_from_profile() or by hand.
+  SimTransportConfig links;
+  // Watermarks, link slots and rate caps; the capacities are set from the budgets.
+  engine::EngineConfig engine{};
+
+  // Compute time: `op_time` if set; else the roofline of `hw` (cost.hpp);
+  // else flops / flop_rate + bytes / mem_bandwidth + op_overhead_s (each
+  // term only when its rate is > 0). InputError if none is given.
+  OpTimeFn op_time;
+  std::optional<HwProfile> hw;
+  double flop_rate = 0, mem_bandwidth = 0, op_overhead_s = 0;
+
+  // Prefetch policy; empty = lookahead_prefetch(lookahead) (0 = none).
+  PrefetchHook prefetch;
+  // Where each op runs: its tensors are acquired in that tier (e.g. a
+  // ZeRO-Offload optimizer step runs on the host). Empty = the device.
+  std::function<engine::Tier(const trace::Op&)> op_tier;
+  // Where a tensor rests when it is created by a step that only creates
+  // tensors (e.g. a training job's init, which loads weights and optimizer
+  // state): each is created in its home tier, one at a time, taking no
+  // compute time, instead of all at once on the device. Empty = such steps
+  // run like any other.
+  std::function<engine::Tier(const trace::Tensor&)> home_tier;
+  // The eviction order (Engine::set_victim_score); empty = LRU.
+  engine::Engine::VictimScore victim_score;
+  unsigned lookahead = 4;
+  std::uint64_t max_steps = 0;  // 0 = all
+};
+
+struct SimLinkReport {
+  std::uint64_t transfers = 0, bytes = 0, failures = 0;
+  std::uint64_t busy_ns = 0;   // the link carried bytes (SimLinkStats)
+  std::uint64_t queue_ns = 0;  // transfers waited for the link
+};
+
+// Where the time went, per op family (op names with layer numbers folded:
+// "layer_12.attn.q_proj" -> "layer_*.attn.q_proj").
+struct OpFamilyReport {
+  std::string name;
+  std::uint64_t steps = 0;
+  std::uint64_t compute_ns = 0, stall_ns = 0;
+  std::uint64_t missed_bytes = 0;  // bytes it needed that were not in its tier when it asked
+};
+
+struct SimReport {
+  std::uint64_t steps = 0, tensors = 0;
+  std::uint64_t footprint = 0;  // engine::trace_footprint: the device an untiered run needs
+  std::uint64_t device_budget = 0, host_budget = 0, ssd_capacity = 0;
+  // Virtual time: the run ends when the last step's compute ends.
+  std::uint64_t total_ns = 0;
+  std::uint64_t compute_ns = 0;  // sum of op times: the time with infinite device memory
+  std::uint64_t stall_ns = 0;    // compute waited for data or room
+  std::uint64_t drain_ns =
+      0;  // transfers (write-backs, late prefetches) running on after the last step
+  std::array<SimLinkReport, kNumLinks> links{};
+  std::uint64_t peak_device = 0, peak_host = 0, peak_ssd = 0;
+  std::uint64_t events = 0;    // virtual-time events run
+  engine::EngineStats engine;  // evictions, hits/misses, prefetches, per-link counts
+  std::uint64_t errors = 0;    // steps that could not run; the run stops at the first
+  std::string first_error;
+  std::string links_label;  // SimTransportConfig::describe(), for "simulated with ..."
+  // Virtual time at which each iteration of job 0 finished its last op
+  // (index = trace::Op::iteration), so a caller can take the steady-state step.
+  std::vector<std::uint64_t> iteration_end_ns;
+  std::vector<OpFamilyReport> op_families;  // sorted by missed bytes, most first
+
+  // 1 - T_infinite / T: the share of throughput lost to tiering, where
+  // T_infinite is the compute time alone.
+  double throughput_loss() const {
+    return total_ns == 0 ? 0.0
+                         : 1.0 - static_cast<double>(compute_ns) / static_cast<double>(total_ns);
+  }
+  bool ok() const { return errors == 0; }
+};
+
+// Throws InputError for a trace that cannot be simulated (a tensor of 0
+// bytes) or options that do not work (no compute model, bad links).
+SimReport simulate_trace(const trace::Trace& trace, const SimOptions& options);
+
+}  // namespace u3m::sim

@@ -1,0 +1,91 @@
+// The simulator's Transport: books each transfer on a modelled link of the
+// virtual clock instead of copying bytes. It never touches memory; the
+// engine's pointers are fake (a pool over VirtualSegmentSource, SimHost).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "u3m/engine/transport.hpp"
+#include "u3m/sim/profile.hpp"
+#include "u3m/sim/virtual_time.hpp"
+
+namespace u3m::sim {
+
+using engine::kNumLinks;
+
+// One direction of one link.
+struct LinkModel {
+  double bandwidth = 0;  // bytes/s the link carries, > 0
+  double latency_s = 0;  // fixed cost of one transfer, >= 0
+};
+
+struct SimTransportConfig {
+  std::array<LinkModel, kNumLinks> links{};  // indexed by engine::Link
+  // h2s and s2h are one NVMe device: writes and reads queue behind each other.
+  bool ssd_shared = true;
+  // Bytes the modelled SSD holds; 0 = no SSD tier (has_ssd() is false).
+  std::uint64_t ssd_capacity = 0;
+  // Throws InputError naming the field; the SSD links are checked only when
+  // there is an SSD tier.
+  void validate() const;
+  std::string describe() const;  // "d2h 25 GB/s + 10 us, ..." for labels
+};
+
+// Links from a hardware profile: the host link's practical bandwidth and
+// latency for d2h/h2d; for h2s/s2h the NVMe write/read bandwidth times the
+// drives a card gets (drives_per_node / cards_per_node) and the drive's
+// latency. The profile has no field for a shared NVMe device, so ssd_shared
+// keeps its default (one drive serves both directions).
+SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity);
+
+struct SimLinkStats {
+  std::uint64_t transfers = 0, bytes = 0, failures = 0;
+  std::uint64_t busy_ns = 0;   // time the link carried bytes (latency excluded)
+  std::uint64_t queue_ns = 0;  // summed time transfers waited for the link
+};
+
+// Note [Link model]
+// A link is a FIFO pipe: a transfer of B bytes issued at t starts carrying
+// bytes at s = max(t, the link's free time), holds the link for B / rate, and
+// completes at s + B / rate + latency. Latency is pipelined (a DMA's setup
+// and flight time, an NVMe command's service time overlap the previous
+// transfer's data), so concurrent transfers share the link's bandwidth
+// between them: N transfers of B bytes issued together finish by
+// latency + N*B/rate. The rate is the link's bandwidth, or
+// Transfer::rate_limit when that is lower (Note [Link throttle] in
+// transport.hpp books the same slots). d2h and h2d are independent
+// directions; h2s and s2h share one free time when ssd_shared (an NVMe drive
+// serves reads and writes from the same flash), each at its own bandwidth.
+class SimTransport final : public engine::Transport {
+ public:
+  // `clock` must outlive the transport, and the transport must outlive every
+  // event it scheduled (run the clock's queue empty before destroying it).
+  SimTransport(VirtualTime& clock, SimTransportConfig config);
+
+  void set_completion(engine::TransferDone done) override { done_ = std::move(done); }
+  // Schedules the completion on the virtual clock; never calls it directly.
+  void start(const engine::Transfer& t) override;
+  engine::Status erase_ssd(std::uint64_t key) override;
+  bool has_ssd() const override { return config_.ssd_capacity > 0; }
+
+  const SimLinkStats& link(engine::Link l) const { return stats_[static_cast<int>(l)]; }
+  std::uint64_t ssd_used() const { return ssd_used_; }
+  std::uint64_t ssd_peak() const { return ssd_peak_; }
+  const SimTransportConfig& config() const { return config_; }
+
+ private:
+  int channel(engine::Link l) const;
+
+  VirtualTime& clock_;
+  SimTransportConfig config_;
+  engine::TransferDone done_;
+  std::array<std::uint64_t, kNumLinks> free_at_{};  // per channel: when the link is free
+  std::array<SimLinkStats, kNumLinks> stats_{};
+  std::unordered_map<std::uint64_t, std::uint64_t> ssd_;  // key -> bytes held (bookkeeping)
+  std::uint64_t ssd_used_ = 0, ssd_peak_ = 0;
+};
+
+}  // namespace u3m::sim

@@ -1,0 +1,828 @@
+#include "u3m/engine/engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "u3m/util/error.hpp"
+
+namespace u3m::engine {
+
+// Note [One move at a time]
+// A tensor has at most one transfer in flight, and a transfer only reads its
+// source copy: readers may keep using the source while it is copied, a writer
+// may not (the copy would capture a torn state), and nobody sees the
+// destination until the transfer is confirmed. That is the whole of the
+// pending read/write tracking: no copy can race another, or race compute.
+//
+// Note [Flags are the truth, jobs are hints]
+// What a tensor needs is kept on the tensor: tiers that blocked acquirers or
+// prefetches want a copy in, and tiers it should leave. Queued jobs only say
+// "look at this tensor on this link"; a job found stale when its link frees
+// (the tensor moved, was written, was removed) is dropped, and every
+// completion and release re-derives the jobs still needed from the flags.
+// So nothing is lost when a job is dropped, and nothing dangles.
+//
+// Note [Upper copy until the lower is confirmed]
+// Eviction never frees the only copy first. A dirty device copy is written to
+// host (a dirty host copy to SSD), and the upper copy is freed only when the
+// transfer completes ok. A failed write-back (EIO, ENOSPC, a short write)
+// leaves the upper copy valid, counts the error and backs the tensor off
+// from eviction for a while, doubling on each failure, so a sick disk cannot
+// spin the engine. A clean copy (a lower tier is valid too) is dropped at once.
+
+namespace {
+constexpr std::uint8_t bit(Tier t) {
+  return static_cast<std::uint8_t>(1u << static_cast<int>(t));
+}
+constexpr int idx(Tier t) {
+  return static_cast<int>(t);
+}
+constexpr std::uint8_t kNoPrio = 255;
+
+Tier link_src(Link l) {
+  switch (l) {
+    case Link::d2h:
+      return Tier::device;
+    case Link::h2d:
+      return Tier::host;
+    case Link::h2s:
+      return Tier::host;
+    case Link::s2h:
+      return Tier::ssd;
+  }
+  return Tier::host;
+}
+Tier link_dst(Link l) {
+  switch (l) {
+    case Link::d2h:
+      return Tier::host;
+    case Link::h2d:
+      return Tier::device;
+    case Link::h2s:
+      return Tier::ssd;
+    case Link::s2h:
+      return Tier::host;
+  }
+  return Tier::host;
+}
+}  // namespace
+
+std::string_view to_string(Priority p) {
+  switch (p) {
+    case Priority::demand:
+      return "demand";
+    case Priority::prefetch:
+      return "prefetch";
+    case Priority::writeback:
+      return "writeback";
+  }
+  return "?";
+}
+
+void EngineConfig::validate() const {
+  auto tier = [](const TierLimits& t, std::string_view name) {
+    if (t.capacity == 0) input_error("engine config", "{}.capacity must be > 0", name);
+    if (!(t.low_watermark > 0 && t.low_watermark <= t.high_watermark && t.high_watermark <= 1))
+      input_error("engine config", "{}: need 0 < low_watermark <= high_watermark <= 1", name);
+  };
+  tier(device, "device");
+  tier(host, "host");
+  for (int i = 0; i < kNumLinks; ++i) {
+    if (link_rate[i] < 0)
+      input_error("engine config", "link_rate.{} must be >= 0", to_string(static_cast<Link>(i)));
+    if (link_slots[i] == 0)
+      input_error("engine config", "link_slots.{} must be > 0", to_string(static_cast<Link>(i)));
+  }
+}
+
+struct Engine::Entry {
+  TensorId id = 0;
+  std::uint64_t bytes = 0;
+  void* ptr[2] = {nullptr, nullptr};  // device, host buffers
+  mem::PoolAllocation dev{};
+  bool ssd = false;        // an SSD entry exists
+  std::uint8_t valid = 0;  // bit per tier: holds the latest data
+  std::uint32_t readers[2] = {0, 0};
+  bool writer = false;
+  bool moving = false;  // Note [One move at a time]
+  Tier moving_to = Tier::host;
+  std::uint32_t waiters[2] = {0, 0};  // blocked acquirers, per tier
+  std::uint8_t prefetch_want = 0;     // tiers a prefetch asked for
+  std::uint8_t demand_want = 0;       // tiers a try_acquire asked for (not yet granted)
+  std::uint8_t prefetched = 0;        // copies a prefetch brought, not used yet
+  std::uint8_t evict_want = 0;        // tiers the data should leave
+  std::uint8_t queued_prio[3] = {kNoPrio, kNoPrio, kNoPrio};  // best queued job into a tier
+  Status error[2] = {Status::ok, Status::ok};                 // the last failed fetch into a tier
+  std::uint64_t error_gen = 0;
+  std::uint64_t backoff_until = 0, backoff_ns = 0;
+  bool lost = false;
+  bool in_lru[2] = {false, false};
+  std::list<Entry*>::iterator lru_it[2];
+
+  bool has(Tier t) const { return valid & bit(t); }
+  std::uint32_t total_readers() const { return readers[0] + readers[1]; }
+  bool pinned(Tier t) const { return writer || (t != Tier::ssd && readers[idx(t)] > 0); }
+};
+
+Engine::Engine(EngineConfig config, mem::DevicePool& device_pool, mem::MemoryBackend& host,
+               Transport& transport, const Clock& clock)
+    : config_(config),
+      pool_(device_pool),
+      host_(host),
+      transport_(transport),
+      clock_(clock),
+      monitor_(config.monitor) {
+  config_.validate();
+  transport_.set_completion([this](const Transfer& t, Status s) { on_done(t, s); });
+}
+
+Engine::~Engine() {
+  drain();
+  std::unique_lock lk(mu_);
+  Actions act;
+  for (auto& [id, e] : entries_) {
+    for (Tier t : {Tier::device, Tier::host, Tier::ssd}) free_copy(*e, t, act);
+  }
+  entries_.clear();
+  lk.unlock();
+  for (TensorId k : act.ssd_erases) transport_.erase_ssd(k);
+  transport_.set_completion({});
+}
+
+// ---- bookkeeping ------------------------------------------------------------
+
+void Engine::note_use(Tier t) {
+  int i = idx(t);
+  st_.used[i] = used_[i];
+  st_.peak[i] = std::max(st_.peak[i], used_[i]);
+  std::uint64_t cap = t == Tier::device ? config_.device.capacity
+                      : t == Tier::host ? config_.host.capacity
+                                        : 0;
+  monitor_.record(t, used_[i], cap, clock_.now_ns());
+}
+
+void Engine::touch(Entry& e, Tier t) {
+  if (t == Tier::ssd) return;
+  int i = idx(t);
+  auto& l = lru_[i];
+  if (e.in_lru[i]) l.erase(e.lru_it[i]);
+  e.lru_it[i] = l.insert(l.end(), &e);
+  e.in_lru[i] = true;
+}
+
+bool Engine::allocate_copy(Entry& e, Tier t) {
+  if (t == Tier::device) {
+    if (e.ptr[0]) return true;
+    mem::PoolAllocation a;
+    if (used_[0] + e.bytes > config_.device.capacity ||
+        !mem::ok(pool_.allocate(e.bytes, &a, /*movable=*/false, e.id))) {
+      short_[0] += e.bytes;
+      return false;
+    }
+    e.dev = a;
+    e.ptr[0] = a.ptr;
+  } else if (t == Tier::host) {
+    if (e.ptr[1]) return true;
+    void* p = nullptr;
+    if (used_[1] + e.bytes > config_.host.capacity || !mem::ok(host_.allocate(e.bytes, &p))) {
+      short_[1] += e.bytes;
+      return false;
+    }
+    e.ptr[1] = p;
+  } else {
+    return true;  // the SSD store allocates its own extents
+  }
+  used_[idx(t)] += e.bytes;
+  note_use(t);
+  return true;
+}
+
+void Engine::free_copy(Entry& e, Tier t, Actions& act) {
+  e.valid &= static_cast<std::uint8_t>(~bit(t));
+  e.prefetched &= static_cast<std::uint8_t>(~bit(t));
+  if (t == Tier::ssd) {
+    if (e.ssd) {
+      act.ssd_erases.push_back(e.id);
+      e.ssd = false;
+    }
+    return;
+  }
+  int i = idx(t);
+  if (!e.ptr[i]) return;
+  if (t == Tier::device) {
+    pool_.free(e.dev);
+    e.dev = {};
+  } else {
+    host_.free(e.ptr[1]);
+  }
+  e.ptr[i] = nullptr;
+  if (e.in_lru[i]) {
+    lru_[i].erase(e.lru_it[i]);
+    e.in_lru[i] = false;
+  }
+  used_[i] -= e.bytes;
+  note_use(t);
+}
+
+void Engine::drop_stale(Entry& e, Tier keep, Actions& act) {
+  for (Tier t : {Tier::device, Tier::host, Tier::ssd}) {
+    if (t != keep) free_copy(e, t, act);
+  }
+}
+
+std::uint64_t Engine::pending_bytes(Tier t) const {
+  // Bytes queued to land in t: fetches (and write-backs) not yet started.
+  std::uint64_t sum = 0;
+  for (int l = 0; l < kNumLinks; ++l) {
+    if (link_dst(static_cast<Link>(l)) != t) continue;
+    for (const auto& q : links_[l].q) {
+      for (const Job& j : q) {
+        auto it = entries_.find(j.id);
+        if (it != entries_.end() && !it->second->ptr[idx(t)]) sum += it->second->bytes;
+      }
+    }
+  }
+  return sum;
+}
+
+bool Engine::evictable(const Entry& e, Tier t) const {
+  return e.has(t) && !e.pinned(t) && !e.moving && e.waiters[idx(t)] == 0 &&
+         clock_.now_ns() >= e.backoff_until;
+}
+
+// ---- scheduling -------------------------------------------------------------
+
+void Engine::set_evict_want(Entry& e, Tier t, bool on) {
+  if (t == Tier::ssd || static_cast<bool>(e.evict_want & bit(t)) == on) return;
+  if (on) {
+    e.evict_want |= bit(t);
+    leaving_[idx(t)] += e.bytes;
+  } else {
+    e.evict_want &= static_cast<std::uint8_t>(~bit(t));
+    leaving_[idx(t)] -= e.bytes;
+  }
+}
+
+void Engine::notify() {
+  ++epoch_;
+  cv_.notify_all();
+}
+
+// Re-derives the fetches a tensor still needs from its flags.
+void Engine::rewant(Entry& e) {
+  for (Tier w : {Tier::device, Tier::host}) {
+    if (e.waiters[idx(w)] > 0 || (e.demand_want & bit(w)))
+      want(e, w, Priority::demand);
+    else if (e.prefetch_want & bit(w))
+      want(e, w, Priority::prefetch);
+  }
+}
+
+void Engine::enqueue(Entry& e, Link link, Tier to, bool evict, Priority prio) {
+  auto p = static_cast<std::uint8_t>(prio);
+  if (!evict) {
+    if (e.queued_prio[idx(to)] <= p) return;  // already queued at least this urgently
+    e.queued_prio[idx(to)] = p;
+  }
+  links_[static_cast<int>(link)].q[p].push_back(Job{prio, next_seq_++, e.id, to, evict, 0});
+}
+
+// The next hop toward `tier` for a copy, from the nearest valid tier.
+void Engine::want(Entry& e, Tier tier, Priority prio) {
+  if (e.has(tier) || e.lost) return;
+  if (tier == Tier::device) {
+    if (e.has(Tier::host))
+      enqueue(e, Link::h2d, Tier::device, false, prio);
+    else if (e.has(Tier::ssd))
+      enqueue(e, Link::s2h, Tier::host, false, prio);
+  } else if (tier == Tier::host) {
+    if (e.has(Tier::device))
+      enqueue(e, Link::d2h, Tier::host, false, prio);
+    else if (e.has(Tier::ssd))
+      enqueue(e, Link::s2h, Tier::host, false, prio);
+  }
+}
+
+void Engine::evict_for_pressure(Tier t, Actions& act) {
+  const TierLimits& lim = t == Tier::device ? config_.device : config_.host;
+  const double cap = static_cast<double>(lim.capacity);
+  const int i = idx(t);
+  double load = static_cast<double>(used_[i] + pending_bytes(t) + short_[i]);
+  if (load <= lim.high_watermark * cap) return;
+  // Nothing changed since a scan that could evict nothing: do not rescan
+  // (a tier that cannot shed, e.g. host without an SSD tier, would otherwise
+  // be scanned at every call).
+  if (futile_[i] == changes_) return;
+  const std::uint64_t evictions_before = st_.evictions;
+  const std::uint64_t leaving_before = leaving_[i];
+  struct Futile {  // records a scan that evicted nothing, however it returns
+    Engine& eng;
+    int i;
+    std::uint64_t ev, lv;
+    ~Futile() {
+      if (eng.st_.evictions == ev && eng.leaving_[i] == lv) eng.futile_[i] = eng.changes_;
+    }
+  } futile{*this, i, evictions_before, leaving_before};
+  const double target = lim.low_watermark * cap;
+  load -= static_cast<double>(leaving_[i]);  // already on their way out
+  const Link out = t == Tier::device ? Link::d2h : Link::h2s;
+  auto take = [&](Entry& e) {  // evicts e from t; false if it cannot leave
+    bool lower_valid = t == Tier::device ? (e.has(Tier::host) || e.has(Tier::ssd))
+                                         : (e.has(Tier::ssd) || e.has(Tier::device));
+    if (lower_valid) {  // clean: Note [Upper copy until the lower is confirmed]
+      free_copy(e, t, act);
+      ++st_.evictions;
+      ++st_.clean_drops;
+    } else {
+      if (t == Tier::host && !transport_.has_ssd()) return false;  // nowhere to go
+      set_evict_want(e, t, true);
+      enqueue(e, out, link_dst(out), true, Priority::writeback);
+    }
+    return true;
+  };
+  auto candidate = [&](const Entry& e) {
+    if ((e.evict_want & bit(t)) || !evictable(e, t)) return false;
+    // Host data with no other copy can leave only to an SSD tier.
+    return t == Tier::device || transport_.has_ssd() || e.has(Tier::ssd) || e.has(Tier::device);
+  };
+  if (!victim_score_) {
+    // Least recently used first; copies a prefetch brought and nobody used
+    // yet go only in a second pass: they are recent news, not old data, and
+    // evicting them wastes the prefetch (found by the simulator's lookahead
+    // runs: every prefetched copy was evicted before use).
+    for (int pass = 0; pass < 2 && load > target; ++pass) {
+      for (auto it = lru_[i].begin(); it != lru_[i].end() && load > target;) {
+        Entry& e = **it++;  // take() may unlink e
+        if (pass == 0 && (e.prefetched & bit(t))) continue;
+        if (candidate(e) && take(e)) load -= static_cast<double>(e.bytes);
+      }
+    }
+    return;
+  }
+  std::vector<std::pair<double, Entry*>> order;
+  for (Entry* e : lru_[i]) {
+    if (!candidate(*e)) continue;
+    double score = victim_score_(e->id, t);
+    if (score < std::numeric_limits<double>::infinity()) order.emplace_back(score, e);
+  }
+  // Stable: equal scores fall back to least recently used.
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [score, e] : order) {
+    if (load <= target) break;
+    if (take(*e)) load -= static_cast<double>(e->bytes);
+  }
+}
+
+// Starts one job if it can; false when the link must wait (no space yet).
+// Stale jobs count as started (they are dropped).
+bool Engine::start_job(Link link, const Job& j, Actions& act) {
+  auto it = entries_.find(j.id);
+  if (it == entries_.end()) return true;
+  Entry& e = *it->second;
+  const Tier from = link_src(link), to = link_dst(link);
+  if (!j.evict && e.queued_prio[idx(j.to)] == static_cast<std::uint8_t>(j.prio))
+    e.queued_prio[idx(j.to)] = kNoPrio;
+  if (e.moving || e.writer || !e.has(from) || e.has(to) || e.lost) {
+    if (j.evict && !e.moving) set_evict_want(e, from, false);
+    return true;  // stale; completion or release re-derives what is still needed
+  }
+  if (j.evict && (!(e.evict_want & bit(from)) || e.pinned(from))) {
+    set_evict_want(e, from, false);
+    return true;
+  }
+  if (!allocate_copy(e, to)) {
+    // Keep the job at the head; pressure eviction makes room.
+    if (!j.evict)
+      e.queued_prio[idx(j.to)] =
+          std::min<std::uint8_t>(e.queued_prio[idx(j.to)], static_cast<std::uint8_t>(j.prio));
+    return false;
+  }
+  e.moving = true;
+  e.moving_to = to;
+  Transfer t;
+  t.ticket = next_ticket_++;
+  t.tensor = e.id;
+  t.link = link;
+  t.bytes = e.bytes;
+  t.src = from == Tier::ssd ? nullptr : e.ptr[idx(from)];
+  t.dst = to == Tier::ssd ? nullptr : e.ptr[idx(to)];
+  t.rate_limit = config_.link_rate[static_cast<int>(link)];
+  running_[t.ticket] = Running{j, link, from, clock_.now_ns()};
+  ++links_[static_cast<int>(link)].in_flight;
+  act.transfers.push_back(t);
+  return true;
+}
+
+void Engine::pump(Actions& act) {
+  // Two passes: allocations that failed in the first (short_) make the
+  // second evict enough for them.
+  for (int pass = 0; pass < 2; ++pass) {
+    evict_for_pressure(Tier::device, act);
+    evict_for_pressure(Tier::host, act);
+    short_[0] = short_[1] = 0;
+    for (int l = 0; l < kNumLinks; ++l) {
+      LinkQueue& lq = links_[l];
+      for (int p = 0; p < kNumPriorities && lq.in_flight < config_.link_slots[l];) {
+        auto& q = lq.q[p];
+        if (q.empty()) {
+          ++p;
+          continue;
+        }
+        Job j = q.front();
+        q.pop_front();
+        if (!start_job(static_cast<Link>(l), j, act)) {
+          q.push_front(j);
+          break;  // strict priority: nothing lower overtakes a blocked job
+        }
+      }
+    }
+    if (short_[0] == 0 && short_[1] == 0) break;
+  }
+}
+
+void Engine::run(Actions& act) {
+  for (TensorId k : act.ssd_erases) transport_.erase_ssd(k);
+  for (const Transfer& t : act.transfers) transport_.start(t);
+  act = {};
+}
+
+void Engine::on_done(const Transfer& t, Status s) {
+  Actions act;
+  {
+    std::lock_guard lk(mu_);
+    auto rit = running_.find(t.ticket);
+    if (rit == running_.end()) return;
+    Running r = rit->second;
+    running_.erase(rit);
+    LinkStats& ls = st_.links[static_cast<int>(r.link)];
+    --links_[static_cast<int>(r.link)].in_flight;
+    ls.busy_ns += clock_.now_ns() - r.start_ns;
+    Entry& e = *entries_.at(t.tensor);
+    e.moving = false;
+    ++changes_;
+    const Tier from = r.from, to = link_dst(r.link);
+    if (mem::ok(s)) {
+      ++ls.transfers;
+      ls.bytes += t.bytes;
+      ++ls.by_priority[static_cast<int>(r.job.prio)];
+      e.valid |= bit(to);
+      if (to == Tier::ssd) e.ssd = true;
+      touch(e, to);
+      if (r.job.prio == Priority::prefetch) e.prefetched |= bit(to);
+      e.prefetch_want &= static_cast<std::uint8_t>(~bit(to));
+      e.backoff_ns = 0;
+      if (r.job.evict) {
+        set_evict_want(e, from, false);
+        if (!e.pinned(from) && e.waiters[idx(from)] == 0) {
+          free_copy(e, from, act);
+          ++st_.evictions;
+        }
+      }
+      // Next hop of a two-hop fetch (SSD -> host -> device), or a copy that
+      // was wanted while this one ran.
+      rewant(e);
+    } else {
+      ++ls.failures;
+      switch (s) {
+        case Status::io_error:
+          ++st_.io_errors;
+          break;
+        case Status::no_space:
+          ++st_.no_space;
+          break;
+        case Status::short_io:
+          ++st_.short_io;
+          break;
+        case Status::corrupt:
+          ++st_.corrupt_reads;
+          break;
+        case Status::device_failed:
+          ++st_.device_errors;
+          break;
+        default:
+          ++st_.io_errors;
+          break;
+      }
+      if (to != Tier::ssd) free_copy(e, to, act);  // the half-filled destination
+      const bool read_fault = (s == Status::corrupt || s == Status::io_error) && from == Tier::ssd;
+      if (read_fault && r.job.attempt < config_.read_retries) {
+        ++ls.retries;
+        Job again = r.job;
+        ++again.attempt;
+        again.prio = Priority::demand;
+        links_[static_cast<int>(r.link)].q[0].push_front(again);
+        e.queued_prio[idx(to)] = 0;
+      } else if (r.job.evict) {
+        // Note [Upper copy until the lower is confirmed]: the source stays.
+        set_evict_want(e, from, false);
+        e.backoff_ns = e.backoff_ns ? std::min<std::uint64_t>(e.backoff_ns * 2, 1'000'000'000)
+                                    : config_.failure_backoff_ns;
+        e.backoff_until = clock_.now_ns() + e.backoff_ns;
+      } else {
+        if (s == Status::corrupt && from == Tier::ssd) {
+          free_copy(e, Tier::ssd, act);  // a copy that keeps failing its checksum is gone
+        }
+        if (e.valid == 0 && !e.lost) {
+          e.lost = true;
+          ++st_.lost_tensors;
+        }
+        for (Tier w : {Tier::device, Tier::host}) {
+          if (e.waiters[idx(w)] > 0 || (e.demand_want & bit(w)))
+            e.error[idx(w)] = s;  // a failed prefetch is only counted
+        }
+        e.prefetch_want = 0;
+        e.demand_want = 0;
+        ++e.error_gen;
+      }
+    }
+    pump(act);
+    notify();
+  }
+  run(act);
+}
+
+// ---- the public calls -------------------------------------------------------
+
+Status Engine::add(TensorId id, std::uint64_t bytes) {
+  if (bytes == 0) return Status::invalid_argument;
+  std::lock_guard lk(mu_);
+  auto [it, inserted] = entries_.try_emplace(id);
+  if (!inserted) return Status::invalid_argument;
+  it->second = std::make_unique<Entry>();
+  it->second->id = id;
+  it->second->bytes = bytes;
+  st_.tensors = entries_.size();
+  return Status::ok;
+}
+
+Status Engine::remove(TensorId id) {
+  Actions act;
+  {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return Status::not_found;
+    Entry& e = *it->second;
+    if (e.moving || e.writer || e.total_readers() > 0 || e.waiters[0] || e.waiters[1])
+      return Status::busy;
+    set_evict_want(e, Tier::device, false);
+    set_evict_want(e, Tier::host, false);
+    for (Tier t : {Tier::device, Tier::host, Tier::ssd}) free_copy(e, t, act);
+    entries_.erase(it);
+    st_.tensors = entries_.size();
+    pump(act);
+  }
+  run(act);
+  return Status::ok;
+}
+
+bool Engine::grantable(const Entry& e, Tier tier, Access access) const {
+  if (e.writer) return false;
+  const bool fresh = e.valid == 0 && !e.lost;
+  if (access == Access::read) return e.has(tier) || fresh;
+  return (e.has(tier) || fresh) && e.total_readers() == 0 && !e.moving;
+}
+
+void Engine::grant(Entry& e, Tier tier, Access access, Lease* out, Actions& act) {
+  const int i = idx(tier);
+  if (access == Access::write) {
+    e.writer = true;
+    e.valid = bit(tier);
+    drop_stale(e, tier, act);  // a write makes every other copy stale
+    set_evict_want(e, Tier::device, false);
+    set_evict_want(e, Tier::host, false);
+  } else {
+    ++e.readers[i];
+    if (e.valid == 0) e.valid = bit(tier);  // fresh: this buffer is the data now
+  }
+  ++st_.acquires;
+  if (e.prefetched & bit(tier)) {
+    ++st_.prefetch_hits;
+    e.prefetched &= static_cast<std::uint8_t>(~bit(tier));
+  }
+  touch(e, tier);
+  *out = Lease{e.id, tier, access, e.ptr[i], e.bytes};
+}
+
+// Note [Blocking acquire]
+// acquire() loops: grant if it can; else register as a waiter, schedule the
+// demand fetch (or the eviction that makes room), run the transfers outside
+// the lock, and sleep until the engine's epoch moves (any completion or
+// release). It gives up with out_of_memory only when nothing can change: no
+// transfer is running or startable, and the bytes pinned in the tier leave no
+// room for this tensor (or nothing is pinned at all, so waiting for a
+// release is pointless). While other leases hold the room it waits for their
+// release, polling every millisecond so time-based back-offs also expire.
+Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
+                              Lease* out, bool block, Actions& act) {
+  const int i = idx(tier);
+  const std::uint64_t gen = e.error_gen;
+  const std::uint64_t t0 = clock_.now_ns();
+  bool waited = false, counted_waiter = false;
+  Status result = Status::ok;
+  for (;;) {
+    // A fetch failed for this tier: a blocked caller sees the failures that
+    // happened while it waited; a polling caller sees the one it asked for.
+    if (e.error[i] != Status::ok && (!block || e.error_gen != gen)) {
+      result = e.error[i];
+      if (!block || e.waiters[i] <= (counted_waiter ? 1u : 0u)) e.error[i] = Status::ok;
+      break;
+    }
+    if (e.lost) {
+      result = Status::corrupt;
+      break;
+    }
+    if (grantable(e, tier, access) && allocate_copy(e, tier)) {
+      grant(e, tier, access, out, act);
+      e.demand_want &= static_cast<std::uint8_t>(~bit(tier));
+      waited ? ++st_.misses : ++st_.hits;
+      break;
+    }
+    if (!counted_waiter) {
+      ++e.waiters[i];
+      counted_waiter = true;
+    }
+    want(e, tier, Priority::demand);
+    const std::uint64_t evictions_before = st_.evictions;
+    pump(act);
+    if (!block) {
+      e.demand_want |= bit(tier);
+      result = Status::busy;
+      break;
+    }
+    const bool stuck =
+        running_.empty() && act.transfers.empty() && st_.evictions == evictions_before && !e.moving;
+    if (stuck && (e.has(tier) || e.valid == 0)) {
+      // Waiting for room, not for data: can a release ever make it?
+      std::uint64_t pinned = 0;
+      for (auto* x : lru_[i]) {
+        if (x != &e && x->pinned(tier)) pinned += x->bytes;
+      }
+      const std::uint64_t cap =
+          tier == Tier::device ? config_.device.capacity : config_.host.capacity;
+      const bool conflict = !grantable(e, tier, access);  // another lease on this tensor
+      if (!conflict && (pinned == 0 || pinned + e.bytes > cap)) {
+        ++st_.oom;
+        result = Status::out_of_memory;
+        break;
+      }
+    }
+    const std::uint64_t epoch = epoch_;
+    lk.unlock();
+    run(act);
+    lk.lock();
+    waited = true;
+    cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return epoch_ != epoch; });
+  }
+  if (counted_waiter) --e.waiters[i];
+  if (waited) st_.stall_ns += clock_.now_ns() - t0;
+  return result;
+}
+
+Status Engine::acquire(TensorId id, Tier tier, Access access, Lease* out) {
+  if (!out || tier == Tier::ssd) return Status::invalid_argument;
+  Actions act;
+  Status s;
+  {
+    std::unique_lock lk(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return Status::not_found;
+    s = acquire_locked(lk, *it->second, tier, access, out, /*block=*/true, act);
+  }
+  run(act);
+  return s;
+}
+
+Status Engine::try_acquire(TensorId id, Tier tier, Access access, Lease* out) {
+  if (!out || tier == Tier::ssd) return Status::invalid_argument;
+  Actions act;
+  Status s;
+  {
+    std::unique_lock lk(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return Status::not_found;
+    s = acquire_locked(lk, *it->second, tier, access, out, /*block=*/false, act);
+  }
+  run(act);
+  return s;
+}
+
+Status Engine::release(const Lease& lease) {
+  Actions act;
+  {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(lease.id);
+    if (it == entries_.end()) return Status::not_found;
+    Entry& e = *it->second;
+    const int i = idx(lease.tier);
+    if (lease.access == Access::write) {
+      if (!e.writer || !e.has(lease.tier)) return Status::invalid_argument;
+      e.writer = false;
+    } else {
+      if (lease.tier == Tier::ssd || e.readers[i] == 0) return Status::invalid_argument;
+      --e.readers[i];
+    }
+    touch(e, lease.tier);
+    ++changes_;  // a released copy may be evictable now
+    rewant(e);
+    pump(act);
+    notify();
+  }
+  run(act);
+  return Status::ok;
+}
+
+Status Engine::prefetch(TensorId id, Tier tier) {
+  if (tier == Tier::ssd) return Status::invalid_argument;
+  Actions act;
+  {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return Status::not_found;
+    Entry& e = *it->second;
+    if (e.has(tier) || e.valid == 0) return Status::ok;  // nothing to bring
+    e.prefetch_want |= bit(tier);
+    ++st_.prefetches;
+    want(e, tier, Priority::prefetch);
+    pump(act);
+  }
+  run(act);
+  return Status::ok;
+}
+
+Status Engine::evict(TensorId id, Tier from) {
+  if (from == Tier::ssd) return Status::invalid_argument;
+  Actions act;
+  {
+    std::lock_guard lk(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return Status::not_found;
+    Entry& e = *it->second;
+    if (!e.has(from)) return Status::ok;
+    if (e.pinned(from) || e.moving) return Status::busy;
+    const bool lower = from == Tier::device ? (e.has(Tier::host) || e.has(Tier::ssd))
+                                            : (e.has(Tier::ssd) || e.has(Tier::device));
+    if (lower) {
+      free_copy(e, from, act);
+      ++st_.evictions;
+      ++st_.clean_drops;
+    } else {
+      if (from == Tier::host && !transport_.has_ssd()) return Status::unsupported;
+      set_evict_want(e, from, true);
+      Link out = from == Tier::device ? Link::d2h : Link::h2s;
+      enqueue(e, out, link_dst(out), true, Priority::writeback);
+    }
+    pump(act);
+  }
+  run(act);
+  return Status::ok;
+}
+
+// pump() starts every job that can start after each change, so once nothing
+// runs, what is still queued waits for a release (room or a lease).
+void Engine::set_victim_score(VictimScore fn) {
+  std::lock_guard lk(mu_);
+  victim_score_ = std::move(fn);
+}
+
+void Engine::drain() {
+  std::unique_lock lk(mu_);
+  cv_.wait(lk, [&] { return running_.empty(); });
+}
+
+void Engine::set_link_rate(Link link, double bytes_per_s) {
+  std::lock_guard lk(mu_);
+  config_.link_rate[static_cast<int>(link)] = std::max(0.0, bytes_per_s);
+}
+
+std::optional<Residency> Engine::residency(TensorId id) const {
+  std::lock_guard lk(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  const Entry& e = *it->second;
+  Residency r;
+  for (Tier t : {Tier::device, Tier::host, Tier::ssd}) r.valid[idx(t)] = e.has(t);
+  r.in_flight = e.moving;
+  r.readers = e.total_readers();
+  r.writer = e.writer;
+  r.lost = e.lost;
+  return r;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lk(mu_);
+  return st_;
+}
+
+mem::TierReport Engine::monitor(Tier t) const {
+  std::lock_guard lk(mu_);
+  return monitor_.report(t);
+}
+
+void Engine::on_alert(mem::AlertFn fn) {
+  std::lock_guard lk(mu_);
+  monitor_.on_alert(std::move(fn));
+}
+
+}  // namespace u3m::engine

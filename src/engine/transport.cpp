@@ -1,0 +1,152 @@
+#include "u3m/engine/transport.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace u3m::engine {
+
+std::string_view to_string(Link l) {
+  switch (l) {
+    case Link::d2h:
+      return "d2h";
+    case Link::h2d:
+      return "h2d";
+    case Link::h2s:
+      return "h2s";
+    case Link::s2h:
+      return "s2h";
+  }
+  return "?";
+}
+
+struct BackendTransport::Worker {
+  BackendTransport& owner;
+  Link link;
+  mem::Stream stream{};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Transfer> queue;
+  bool stop = false;
+  std::uint64_t async_in_flight = 0;  // SSD ops whose callback has not run
+  std::chrono::steady_clock::time_point link_free{};
+  std::thread thread;
+
+  Worker(BackendTransport& o, Link l) : owner(o), link(l) {
+    if (l == Link::d2h || l == Link::h2d) {
+      // Without a stream of its own the link shares the default stream;
+      // still correct, only less parallel.
+      if (!mem::ok(owner.device_.create_stream(&stream))) stream = mem::kDefaultStream;
+    }
+    thread = std::thread([this] { run(); });
+  }
+
+  ~Worker() {
+    {
+      std::lock_guard lk(mu);
+      stop = true;
+      cv.notify_all();
+    }
+    thread.join();  // the thread drains its queue before it exits
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return async_in_flight == 0; });
+    }
+    if (!(stream == mem::kDefaultStream)) owner.device_.destroy_stream(stream);
+  }
+
+  void push(const Transfer& t) {
+    std::lock_guard lk(mu);
+    queue.push_back(t);
+    cv.notify_all();
+  }
+
+  // Note [Link throttle] in transport.hpp.
+  void pace(const Transfer& t) {
+    if (t.rate_limit <= 0) return;
+    auto now = std::chrono::steady_clock::now();
+    auto start = std::max(now, link_free);
+    link_free = start + std::chrono::nanoseconds(static_cast<std::int64_t>(
+                            static_cast<double>(t.bytes) / t.rate_limit * 1e9));
+    if (start > now) std::this_thread::sleep_until(start);
+  }
+
+  void finish(const Transfer& t, Status s) { owner.done_(t, s); }
+
+  void run() {
+    for (;;) {
+      Transfer t;
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;  // stop requested and drained
+        t = queue.front();
+        queue.pop_front();
+      }
+      pace(t);
+      execute(t);
+    }
+  }
+
+  void execute(const Transfer& t) {
+    switch (t.link) {
+      case Link::d2h:
+      case Link::h2d: {
+        auto kind = t.link == Link::d2h ? mem::CopyKind::d2h : mem::CopyKind::h2d;
+        Status s = owner.device_.memcpy_async(t.dst, t.bytes, t.src, t.bytes, kind, stream);
+        if (mem::ok(s)) s = owner.device_.synchronize_stream(stream);
+        finish(t, s);
+        return;
+      }
+      case Link::h2s:
+      case Link::s2h: {
+        if (!owner.ssd_) return finish(t, Status::unsupported);
+        {
+          std::lock_guard lk(mu);
+          ++async_in_flight;
+        }
+        auto cb = [this, t](Status s) {
+          finish(t, s);
+          std::lock_guard lk(mu);
+          --async_in_flight;
+          cv.notify_all();
+        };
+        if (t.link == Link::h2s) {
+          owner.ssd_->put_async(t.tensor, t.src, t.bytes, /*evictable=*/false, cb);
+        } else {
+          owner.ssd_->get_async(t.tensor, t.dst, t.bytes, cb);
+        }
+        return;
+      }
+    }
+  }
+};
+
+BackendTransport::BackendTransport(mem::DeviceBackend& device, mem::SsdStore* ssd)
+    : device_(device), ssd_(ssd) {
+  for (int i = 0; i < kNumLinks; ++i) {
+    workers_[i] = std::make_unique<Worker>(*this, static_cast<Link>(i));
+  }
+}
+
+BackendTransport::~BackendTransport() {
+  for (auto& w : workers_) w.reset();
+}
+
+void BackendTransport::set_completion(TransferDone done) {
+  done_ = std::move(done);
+}
+
+void BackendTransport::start(const Transfer& t) {
+  workers_[static_cast<int>(t.link)]->push(t);
+}
+
+Status BackendTransport::erase_ssd(std::uint64_t key) {
+  if (!ssd_) return Status::unsupported;
+  Status s = ssd_->erase(key);
+  return s == Status::not_found ? Status::ok : s;
+}
+
+}  // namespace u3m::engine

@@ -1,0 +1,367 @@
+#include "u3m/experiments/train.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "u3m/engine/replay.hpp"
+#include "u3m/policy/heat.hpp"
+#include "u3m/policy/placement.hpp"
+#include "u3m/predict/predictor.hpp"
+#include "u3m/sim/cost.hpp"
+#include "u3m/sim/sim_transport.hpp"
+#include "u3m/util/error.hpp"
+#include "u3m/workload/analytic.hpp"
+#include "u3m/workload/generate.hpp"
+
+namespace u3m::experiments {
+
+using engine::Tier;
+using sim::PrefetchContext;
+using trace::Role;
+
+const std::vector<std::string>& train_policy_names() {
+  static const std::vector<std::string> names = {"hbm-only", "static-offload", "lru", "u3m",
+                                                 "oracle"};
+  return names;
+}
+
+void TrainScenario::validate() const {
+  shape.validate("--model");
+  train.validate();
+  if (cards == 0) input_error("--cards", "must be >= 1");
+  if (steps < 2) input_error("--steps", "must be >= 2 (the first step warms up)");
+  const auto& n = train_policy_names();
+  if (std::find(n.begin(), n.end(), policy) == n.end())
+    input_error("--policy",
+                "unknown policy '{}' (expected hbm-only, static-offload, lru, u3m or oracle)",
+                policy);
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// SSD space per card: an assumption (one 3.84 TB data drive per card, as the
+// profiles' drives_per_node = cards_per_node says), rounded down to 3.5 TB.
+constexpr std::uint64_t kSsdPerCard = 3'500'000'000'000ull;
+
+// The trace index of an engine id (PrefetchContext::engine_id's inverse).
+std::uint32_t tensor_of(engine::TensorId id) {
+  return static_cast<std::uint32_t>(id - 1);
+}
+
+bool optimizer_role(Role r) {
+  return r == Role::optim_master || r == Role::optim_m || r == Role::optim_v;
+}
+
+// Note [Training policies]
+// All five run the same engine; they differ in three decisions:
+//  * where the optimizer step runs: on the device, or on the host CPU over
+//    DRAM (ZeRO-Offload), which moves gradients down and weights up instead
+//    of optimizer state;
+//  * the eviction order (the engine's victim score);
+//  * the prefetch.
+// hbm-only    device optimizer; nothing may be evicted (+inf), no prefetch:
+//             it fits in HBM or it does not.
+// static-offload  host optimizer (its state lives in DRAM); only optimizer
+//             state may leave the device, everything else is pinned; the
+//             trace's next 2 ops are prefetched (the updated weights).
+// lru         device optimizer; LRU eviction; demand fetches only.
+// u3m         the optimizer runs where the step is faster (Note [Optimizer
+//             placement]); victims by ascending heat (MISSION.md item 2),
+//             except tensors the predictor expects within its window;
+//             prefetch what enters the predictor's window (u3m-seq, online).
+// oracle      as u3m, but victims by Belady (farthest next use, from the
+//             trace) and a perfect lookahead of 8 ops: the upper bound.
+struct Policy {
+  bool optimizer_on_host = false;
+  std::function<Tier(const trace::Tensor&)> home;  // where loaded state rests
+  engine::Engine::VictimScore victim;
+  sim::PrefetchHook prefetch;
+};
+
+// Next use of each tensor after the current step, from the whole trace (the
+// oracle's knowledge).
+class NextUse {
+ public:
+  explicit NextUse(const std::vector<sim::Step>& steps, std::size_t tensors)
+      : uses_(tensors), pos_(tensors, 0) {
+    for (std::size_t j = 0; j < steps.size(); ++j) {
+      for (const sim::Touch& t : steps[j].touches) uses_[t.tensor].push_back(j);
+    }
+  }
+  void at(std::size_t step) { now_ = step; }
+  // Steps until the next use after now; +inf if never.
+  double distance(std::uint32_t t) {
+    auto& u = uses_[t];
+    std::size_t& p = pos_[t];
+    while (p < u.size() && u[p] <= now_) ++p;
+    return p < u.size() ? static_cast<double>(u[p] - now_) : kInf;
+  }
+
+ private:
+  std::vector<std::vector<std::size_t>> uses_;
+  std::vector<std::size_t> pos_;
+  std::size_t now_ = 0;
+};
+
+// State shared by the u3m policy's hooks: the heat of each tensor, and the
+// predictor's current window.
+struct U3mState {
+  std::unique_ptr<predict::Predictor> predictor;
+  std::unique_ptr<predict::TraceFeed> feed;
+  policy::HeatTracker heat;
+  std::vector<std::uint8_t> in_window;
+  std::vector<predict::Predicted> entered;
+  std::vector<std::uint32_t> left;
+  std::uint64_t now_ns = 0;
+  std::uint32_t horizon = 16;
+  bool host_optimizer = false;
+};
+
+Policy make_policy(const std::string& name, const trace::Trace& t,
+                   const std::vector<sim::Step>& steps, bool host_optimizer) {
+  Policy p;
+  // Loaded weights and optimizer state rest on the device for the untiered
+  // policies, in DRAM where the placement rules say for the tiered ones.
+  p.home = [](const trace::Tensor&) { return Tier::device; };
+  const policy::PlacementRules rules = policy::PlacementRules::named("u3m");
+  auto placed = [rules](const trace::Tensor& x) {
+    Tier h = rules.home(x.role, x.layer, trace::kNoLayer);
+    return h == Tier::ssd ? Tier::host : h;  // created in DRAM; pressure spills it to SSD
+  };
+  if (name == "hbm-only") {
+    p.victim = [](engine::TensorId, Tier) { return kInf; };
+    p.prefetch = sim::no_prefetch();
+  } else if (name == "static-offload") {
+    p.optimizer_on_host = true;
+    p.home = [](const trace::Tensor& x) {
+      return optimizer_role(x.role) ? Tier::host : Tier::device;
+    };
+    p.victim = [&t](engine::TensorId id, Tier tier) {
+      if (tier != Tier::device) return 0.0;
+      return optimizer_role(t.tensors[tensor_of(id)].role) ? 0.0 : kInf;
+    };
+    p.prefetch = sim::lookahead_prefetch(2);
+  } else if (name == "lru") {
+    p.home = placed;
+    p.prefetch = sim::no_prefetch();
+  } else if (name == "u3m") {
+    p.optimizer_on_host = host_optimizer;
+    p.home = placed;
+    auto st = std::make_shared<U3mState>();
+    st->host_optimizer = host_optimizer;
+    st->feed = std::make_unique<predict::TraceFeed>(t);
+    st->predictor = predict::make_predictor("u3m-seq", st->feed.get());
+    st->in_window.assign(t.tensors.size(), 0);
+    for (std::uint32_t i = 0; i < t.tensors.size(); ++i) st->heat.set_tensor(i, t.tensors[i].bytes);
+    p.victim = [st](engine::TensorId id, Tier) {
+      const std::uint32_t i = tensor_of(id);
+      // Expected soon: keep, unless nothing else can go (large, finite).
+      return st->heat.heat(i, st->now_ns) + (st->in_window[i] ? 1e12 : 0.0);
+    };
+    p.prefetch = [st](std::size_t j, PrefetchContext& ctx) {
+      st->now_ns = ctx.now_ns();
+      const auto& feed = *st->feed;
+      for (std::size_t e = feed.step_begin(j); e < feed.step_begin(j + 1); ++e) {
+        predict::Access a = feed.access_at(e, j);
+        a.time_ns = st->now_ns;  // virtual time, not the trace's nominal stamps
+        st->predictor->observe(a);
+        if (predict::is_access(a.kind)) st->heat.access(a.tensor, st->now_ns);
+      }
+      st->predictor->step_done();
+      st->predictor->predict_window_delta(st->horizon, st->entered, st->left);
+      for (std::uint32_t x : st->left) st->in_window[x] = 0;
+      for (const predict::Predicted& x : st->entered) {
+        st->in_window[x.tensor] = 1;
+        // State the host optimizer works on stays in DRAM.
+        if (!(st->host_optimizer && optimizer_role(ctx.trace().tensors[x.tensor].role)))
+          ctx.prefetch(x.tensor);
+      }
+    };
+  } else if (name == "oracle") {
+    p.optimizer_on_host = host_optimizer;
+    p.home = placed;
+    auto next = std::make_shared<NextUse>(steps, t.tensors.size());
+    p.victim = [next](engine::TensorId id, Tier) {
+      return -next->distance(tensor_of(id));  // farthest first
+    };
+    auto ahead = sim::lookahead_prefetch(8);
+    p.prefetch = [next, ahead](std::size_t j, PrefetchContext& ctx) {
+      next->at(j);
+      ahead(j, ctx);
+    };
+  }
+  return p;
+}
+
+}  // namespace
+
+namespace {
+
+// One simulation with the optimizer placed as asked (for hbm-only and lru
+// always the device, for static-offload always the host).
+TrainResult simulate_once(const TrainScenario& s, bool host_optimizer) {
+  TrainResult r;
+  r.policy = s.policy;
+  workload::TrainConfig cfg = s.train;
+  cfg.steps = s.steps;
+  cfg.zero3_ranks = s.cards;
+  r.params = workload::analytic::param_count(s.shape);
+  trace::Trace t;
+  workload::generate_train(s.shape, cfg, t);
+  const std::vector<sim::Step> steps = sim::build_steps(t);
+
+  const sim::HwProfile& hw = s.hw;
+  const double launch = hw.device.launch_overhead.si;
+  auto device_time = [&hw, launch](const trace::Op& op) {
+    if (op.cls ==
+        trace::OpClass::collective)  // ZeRO-3 all-gather / reduce-scatter on the card link
+      return static_cast<double>(op.bytes) / hw.peer_link.bandwidth_practical.si +
+             hw.peer_link.latency.si + launch;
+    return sim::op_cost(hw, op).total_s;
+  };
+  // A host Adam step streams master, m, v, gradient and weight once: bound
+  // by the card's share of DRAM bandwidth.
+  auto host_time = [&hw, launch](const trace::Op& op) {
+    return static_cast<double>(op.bytes) / hw.host.dram_bandwidth.si + launch;
+  };
+  Policy pol = make_policy(s.policy, t, steps, host_optimizer);
+  r.optimizer_on_host = pol.optimizer_on_host;
+
+  sim::SimOptions o;
+  o.device_budget = static_cast<std::uint64_t>(hw.device.hbm_capacity.si);
+  o.host_budget = static_cast<std::uint64_t>(hw.host.dram_capacity.si);
+  o.links = sim::links_from_profile(hw, kSsdPerCard);
+  o.prefetch = pol.prefetch;
+  o.victim_score = pol.victim;
+  o.home_tier = pol.home;
+  const bool host_opt_on = pol.optimizer_on_host;
+  o.op_tier = [host_opt_on](const trace::Op& op) {
+    return host_opt_on && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
+  };
+  o.op_time = [&, host_opt_on](const trace::Op& op) {
+    return host_opt_on && op.phase == trace::Phase::optimizer ? host_time(op) : device_time(op);
+  };
+  r.footprint = engine::trace_footprint(t);
+  if (r.footprint > o.device_budget + o.host_budget + kSsdPerCard) {  // nothing makes this fit
+    r.why = fmt::format(
+        "the step needs {:.1f} GB per card at once; HBM + DRAM + SSD hold {:.1f} GB",
+        double(r.footprint) / 1e9, double(o.device_budget + o.host_budget + kSsdPerCard) / 1e9);
+    return r;
+  }
+  r.sim = sim::simulate_trace(t, o);
+  if (!r.sim.ok()) {
+    r.why = r.sim.first_error;
+    return r;
+  }
+  r.fits = true;
+  // The reported step: the last iteration, from the end of the one before.
+  const auto& ends = r.sim.iteration_end_ns;
+  const std::uint32_t last = s.steps - 1;
+  double ideal = 0;
+  for (const trace::Op& op : t.ops) {
+    if (op.iteration == last) ideal += device_time(op);
+  }
+  r.ideal_step_s = ideal;
+  r.step_s = ends.size() > last && last > 0
+                 ? static_cast<double>(ends[last] - ends[last - 1]) * 1e-9
+                 : static_cast<double>(r.sim.total_ns) * 1e-9;
+  r.loss = r.step_s > 0 ? std::max(0.0, 1.0 - ideal / r.step_s) : 0.0;
+  r.tokens_per_s = r.step_s > 0 ? double(s.cards) * double(cfg.micro_batches) *
+                                      double(cfg.tokens_per_micro_batch()) / r.step_s
+                                : 0.0;
+  r.stall_s = static_cast<double>(r.sim.stall_ns) * 1e-9;
+  double busy = 0;
+  for (const auto& l : r.sim.links) busy += static_cast<double>(l.busy_ns);
+  r.hidden_fraction =
+      busy > 0 ? std::clamp(1.0 - static_cast<double>(r.sim.stall_ns) / busy, 0.0, 1.0) : 1.0;
+  return r;
+}
+
+}  // namespace
+
+// Note [Optimizer placement]
+// On the device an Adam step is bound by HBM bandwidth, but its state must
+// then live on the device or cross the host link both ways every step; on
+// the host it is bound by DRAM bandwidth and only gradients and weights
+// cross. Which wins depends on how much of the state fits, so u3m and the
+// oracle simulate both placements (the simulation is cheap) and keep the
+// faster one that fits: a planning decision made once per scenario.
+TrainResult simulate_training(const TrainScenario& s) {
+  s.validate();
+  if (s.policy == "hbm-only" || s.policy == "lru") return simulate_once(s, false);
+  if (s.policy == "static-offload") return simulate_once(s, true);
+  TrainResult dev = simulate_once(s, false), host = simulate_once(s, true);
+  if (dev.fits && (!host.fits || dev.step_s <= host.step_s)) return dev;
+  return host.fits ? host : dev;
+}
+
+std::vector<workload::ModelShape> llama_family() {
+  // name, layers, d_model, heads, kv_heads, ffn, vocab
+  struct S {
+    const char* name;
+    std::uint32_t l, d, h, kv, ffn, vocab;
+  };
+  static const S shapes[] = {
+      {"llama-1b", 22, 2048, 16, 8, 5632, 32000},   {"llama-2b", 24, 2560, 20, 4, 6912, 32000},
+      {"llama-3b", 28, 3072, 24, 8, 8192, 32000},   {"llama-5b", 32, 3584, 28, 4, 9728, 32000},
+      {"llama-7b", 32, 4096, 32, 8, 11008, 32000},  {"llama-10b", 40, 4608, 36, 4, 12288, 32000},
+      {"llama-13b", 40, 5120, 40, 8, 13824, 32000}, {"llama-17b", 48, 5120, 40, 8, 13824, 32000},
+      {"llama-22b", 48, 6144, 48, 8, 16384, 32000}, {"llama-30b", 60, 6656, 52, 4, 17920, 32000},
+      {"llama-40b", 60, 7680, 60, 4, 20480, 32000}, {"llama-52b", 64, 8192, 64, 8, 22016, 32000},
+      {"llama-70b", 80, 8192, 64, 8, 28672, 32000},
+  };
+  std::vector<workload::ModelShape> out;
+  for (const S& x : shapes) {
+    workload::ModelShape m;
+    m.name = x.name;
+    m.layers = x.l;
+    m.d_model = x.d;
+    m.heads = x.h;
+    m.kv_heads = x.kv;
+    m.ffn = x.ffn;
+    m.vocab = x.vocab;
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::vector<CapacityRow> training_capacity(
+    const TrainScenario& base, const std::vector<std::string>& policies, double max_loss,
+    const std::function<void(const std::string&)>& progress) {
+  if (!(max_loss >= 0 && max_loss < 1))
+    input_error("--max-loss", "must be in [0, 1), got {}", max_loss);
+  std::vector<CapacityRow> rows;
+  for (const std::string& p : policies) {
+    CapacityRow row;
+    row.policy = p;
+    int misses = 0;
+    for (const workload::ModelShape& m : llama_family()) {
+      TrainScenario s = base;
+      s.shape = m;
+      s.policy = p;
+      if (progress) progress(fmt::format("{} {}", p, m.name));
+      TrainResult r = simulate_training(s);
+      row.tried.push_back(r);
+      if (!r.fits) break;  // bigger shapes need more memory still
+      if (r.loss <= max_loss) {
+        misses = 0;
+        row.max_params = r.params;
+        row.model = m.name;
+        row.loss = r.loss;
+        row.step_s = r.step_s;
+      } else if (++misses >= 2) {
+        break;  // two sizes in a row over the bound: the loss only grows from here
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace u3m::experiments

@@ -1,0 +1,127 @@
+#include "u3m/sim/sim_transport.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "u3m/util/error.hpp"
+
+namespace u3m::sim {
+
+namespace {
+std::uint64_t to_ns(double s) {
+  return static_cast<std::uint64_t>(std::llround(s * 1e9));
+}
+bool ssd_link(int i) {
+  return i == static_cast<int>(engine::Link::h2s) || i == static_cast<int>(engine::Link::s2h);
+}
+}  // namespace
+
+void SimTransportConfig::validate() const {
+  for (int i = 0; i < kNumLinks; ++i) {
+    if (ssd_link(i) && ssd_capacity == 0) continue;
+    const LinkModel& m = links[i];
+    const auto name = engine::to_string(static_cast<engine::Link>(i));
+    if (!(std::isfinite(m.bandwidth) && m.bandwidth > 0))
+      input_error("sim links", "{}.bandwidth must be a positive number of bytes/s, got {}", name,
+                  m.bandwidth);
+    if (!(std::isfinite(m.latency_s) && m.latency_s >= 0))
+      input_error("sim links", "{}.latency must be >= 0 s, got {}", name, m.latency_s);
+  }
+}
+
+std::string SimTransportConfig::describe() const {
+  std::string out;
+  for (int i = 0; i < kNumLinks; ++i) {
+    if (ssd_link(i) && ssd_capacity == 0) continue;
+    if (!out.empty()) out += ", ";
+    out +=
+        fmt::format("{} {:.3g} GB/s + {:.3g} us", engine::to_string(static_cast<engine::Link>(i)),
+                    links[i].bandwidth / 1e9, links[i].latency_s * 1e6);
+  }
+  if (ssd_capacity > 0 && ssd_shared) out += " (h2s/s2h share one drive)";
+  return out;
+}
+
+SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity) {
+  SimTransportConfig c;
+  const LinkModel pcie{hw.host_link.bandwidth_practical.si, hw.host_link.latency.si};
+  c.links[static_cast<int>(engine::Link::d2h)] = pcie;
+  c.links[static_cast<int>(engine::Link::h2d)] = pcie;
+  // A card's share of the node's drives (profile.hpp: bandwidths are per drive).
+  const double drives = hw.ssd.drives_per_node.si / hw.node.cards_per_node.si;
+  c.links[static_cast<int>(engine::Link::h2s)] = {hw.ssd.write_bandwidth.si * drives,
+                                                  hw.ssd.write_latency.si};
+  c.links[static_cast<int>(engine::Link::s2h)] = {hw.ssd.read_bandwidth.si * drives,
+                                                  hw.ssd.read_latency.si};
+  c.ssd_capacity = ssd_capacity;
+  return c;
+}
+
+SimTransport::SimTransport(VirtualTime& clock, SimTransportConfig config)
+    : clock_(clock), config_(config) {
+  config_.validate();
+}
+
+int SimTransport::channel(engine::Link l) const {
+  return config_.ssd_shared && l == engine::Link::s2h ? static_cast<int>(engine::Link::h2s)
+                                                      : static_cast<int>(l);
+}
+
+void SimTransport::start(const engine::Transfer& t) {
+  const int li = static_cast<int>(t.link);
+  const LinkModel& m = config_.links[li];
+  const std::uint64_t now = clock_.now_ns();
+  engine::Status status = engine::Status::ok;
+  if (ssd_link(li) && !has_ssd()) {
+    status = engine::Status::unsupported;
+  } else if (t.link == engine::Link::h2s) {
+    // Space is taken when the write is issued, as the real store reserves extents.
+    auto it = ssd_.find(t.tensor);
+    const std::uint64_t old = it == ssd_.end() ? 0 : it->second;
+    if (ssd_used_ - old + t.bytes > config_.ssd_capacity) {
+      status = engine::Status::no_space;
+    } else {
+      ssd_used_ = ssd_used_ - old + t.bytes;
+      ssd_peak_ = std::max(ssd_peak_, ssd_used_);
+      ssd_[t.tensor] = t.bytes;
+    }
+  } else if (t.link == engine::Link::s2h && !ssd_.contains(t.tensor)) {
+    status = engine::Status::io_error;  // the engine asked for a copy it never wrote
+  }
+
+  SimLinkStats& st = stats_[li];
+  std::uint64_t done_at = now + to_ns(m.latency_s);
+  if (mem::ok(status)) {
+    const double rate = t.rate_limit > 0 ? std::min(m.bandwidth, t.rate_limit) : m.bandwidth;
+    std::uint64_t& free_at = free_at_[channel(t.link)];
+    const std::uint64_t s = std::max(now, free_at);
+    const std::uint64_t hold = to_ns(static_cast<double>(t.bytes) / rate);
+    free_at = s + hold;
+    done_at = s + hold + to_ns(m.latency_s);
+    st.busy_ns += hold;
+    st.queue_ns += s - now;
+  }
+  // A refused transfer fails after the link's latency, without holding the link.
+  clock_.schedule_at(done_at, [this, t, status, li] {
+    SimLinkStats& s = stats_[li];
+    if (mem::ok(status)) {
+      ++s.transfers;
+      s.bytes += t.bytes;
+    } else {
+      ++s.failures;
+    }
+    if (done_) done_(t, status);
+  });
+}
+
+engine::Status SimTransport::erase_ssd(std::uint64_t key) {
+  auto it = ssd_.find(key);
+  if (it == ssd_.end()) return engine::Status::not_found;
+  ssd_used_ -= it->second;
+  ssd_.erase(it);
+  return engine::Status::ok;
+}
+
+}  // namespace u3m::sim

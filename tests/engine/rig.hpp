@@ -1,0 +1,193 @@
+// Test rigs for the runtime: the real one (device-emu, host, SSD store,
+// BackendTransport, wall clock) and a manual one whose transfers complete
+// only when the test says so (deterministic ordering and failure tests).
+#pragma once
+
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "mem/test_ssd_util.hpp"
+#include "u3m/engine/engine.hpp"
+#include "u3m/mem/backend_source.hpp"
+#include "u3m/mem/device_emu.hpp"
+#include "u3m/mem/host.hpp"
+#include "u3m/mem/io_engine.hpp"
+
+namespace u3m::engine::testing {
+
+// Deterministic contents for (tensor, version): a test can check any byte.
+inline std::uint8_t pattern_byte(std::uint64_t id, std::uint64_t version, std::uint64_t i) {
+  std::uint64_t x = id * 0x9E3779B97F4A7C15ull ^ (version + 1) * 0xC2B2AE3D27D4EB4Full ^ (i >> 3);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return static_cast<std::uint8_t>(x >> ((i & 7) * 8));
+}
+inline void fill(void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t version) {
+  auto* b = static_cast<std::uint8_t*>(p);
+  for (std::uint64_t i = 0; i < bytes; ++i) b[i] = pattern_byte(id, version, i);
+}
+// Index of the first wrong byte, or -1.
+inline std::int64_t first_mismatch(const void* p, std::uint64_t bytes, std::uint64_t id,
+                                   std::uint64_t version) {
+  auto* b = static_cast<const std::uint8_t*>(p);
+  for (std::uint64_t i = 0; i < bytes; ++i) {
+    if (b[i] != pattern_byte(id, version, i)) return static_cast<std::int64_t>(i);
+  }
+  return -1;
+}
+
+struct RigOptions {
+  std::uint64_t device = 1 * mem::MiB, host = 4 * mem::MiB, ssd = 0;  // ssd 0 = two tiers
+  std::shared_ptr<mem::IoEngine> io;                                  // null: default engine
+  EngineConfig config{};
+};
+
+// The real stack on this machine.
+struct Rig {
+  mem::DeviceEmuBackend device;
+  mem::BackendSegmentSource source;
+  mem::DevicePool pool;
+  mem::HostBackend host;
+  mem::testing::ScratchDir dir;
+  std::unique_ptr<mem::SsdStore> ssd;
+  std::unique_ptr<BackendTransport> transport;
+  SteadyClock clock;
+  std::unique_ptr<Engine> engine;
+
+  static mem::DeviceEmuOptions emu(const RigOptions& o) {
+    mem::DeviceEmuOptions d;
+    d.capacity = 2 * o.device + 8 * mem::MiB;  // room for the pool's segment rounding
+    d.spin_ns = 0;
+    d.sync_spin_ns = 0;
+    return d;
+  }
+  static mem::PoolConfig pool_config(const RigOptions& o) {
+    mem::PoolConfig c;
+    c.capacity = 2 * o.device + 8 * mem::MiB;
+    c.expandable_segments = true;
+    return c;
+  }
+
+  explicit Rig(RigOptions o = {})
+      : device(emu(o)), source(device), pool(source, pool_config(o)), host(mem::HostOptions{}) {
+    if (o.ssd) {
+      mem::SsdStoreOptions so;
+      so.path = dir.file("tier.ssd");
+      so.capacity = o.ssd;
+      so.engine = o.io;
+      std::string why;
+      if (!mem::ok(mem::SsdStore::open(so, ssd, &why))) throw std::runtime_error("ssd: " + why);
+    }
+    transport = std::make_unique<BackendTransport>(device, ssd.get());
+    EngineConfig c = o.config;
+    c.device.capacity = o.device;
+    c.host.capacity = o.host;
+    engine = std::make_unique<Engine>(c, pool, host, *transport, clock);
+  }
+  ~Rig() { engine.reset(); }
+
+  // Writes version `v` of tensor `id` in `tier`.
+  Status write(TensorId id, std::uint64_t v, Tier tier = Tier::device) {
+    Lease l;
+    Status s = engine->acquire(id, tier, Access::write, &l);
+    if (!mem::ok(s)) return s;
+    fill(l.ptr, l.bytes, id, v);
+    return engine->release(l);
+  }
+  // Reads the tensor in `tier` and checks it holds version `v`.
+  ::testing::AssertionResult holds(TensorId id, std::uint64_t v, Tier tier = Tier::device) {
+    Lease l;
+    Status s = engine->acquire(id, tier, Access::read, &l);
+    if (!mem::ok(s)) return ::testing::AssertionFailure() << "acquire: " << mem::to_string(s);
+    std::int64_t bad = first_mismatch(l.ptr, l.bytes, id, v);
+    engine->release(l);
+    if (bad >= 0) return ::testing::AssertionFailure() << "tensor " << id << " byte " << bad;
+    return ::testing::AssertionSuccess();
+  }
+};
+
+// A transport whose transfers wait until the test completes them; memory
+// transfers really copy (host memory only), SSD ones keep bytes in a map.
+class ManualTransport final : public Transport {
+ public:
+  void set_completion(TransferDone done) override { done_ = std::move(done); }
+  void start(const Transfer& t) override {
+    std::lock_guard lk(mu_);
+    started.push_back(t);
+  }
+  Status erase_ssd(std::uint64_t key) override {
+    std::lock_guard lk(mu_);
+    ssd_.erase(key);
+    ++erases;
+    return Status::ok;
+  }
+  bool has_ssd() const override { return with_ssd; }
+
+  // Completes the oldest started transfer (or the one with `ticket`).
+  Transfer complete(Status s = Status::ok, std::optional<std::uint64_t> ticket = {}) {
+    Transfer t;
+    {
+      std::lock_guard lk(mu_);
+      auto it = started.begin();
+      if (ticket) {
+        while (it != started.end() && it->ticket != *ticket) ++it;
+      }
+      if (it == started.end()) throw std::runtime_error("no such transfer");
+      t = *it;
+      started.erase(it);
+      if (mem::ok(s)) {
+        if (t.link == Link::h2s) {
+          auto& v = ssd_[t.tensor];
+          v.assign(static_cast<const char*>(t.src), static_cast<const char*>(t.src) + t.bytes);
+        } else if (t.link == Link::s2h) {
+          std::memcpy(t.dst, ssd_.at(t.tensor).data(), t.bytes);
+        } else {
+          std::memcpy(t.dst, t.src, t.bytes);
+        }
+      }
+    }
+    done_(t, s);
+    return t;
+  }
+  std::size_t pending() {
+    std::lock_guard lk(mu_);
+    return started.size();
+  }
+
+  bool with_ssd = true;
+  std::deque<Transfer> started;
+  std::uint64_t erases = 0;
+
+ private:
+  std::mutex mu_;
+  TransferDone done_;
+  std::map<std::uint64_t, std::vector<char>> ssd_;
+};
+
+// The engine over host memory only: "device" copies come from a pool over
+// real host memory, and a ManualTransport moves the bytes.
+struct ManualRig {
+  mem::CpuSegmentSource source;
+  mem::DevicePool pool;
+  mem::HostBackend host;
+  ManualTransport transport;
+  ManualClock clock;
+  std::unique_ptr<Engine> engine;
+  explicit ManualRig(EngineConfig c)
+      : source(2 * mem::MiB), pool(source, mem::PoolConfig{}), host(mem::HostOptions{}) {
+    engine = std::make_unique<Engine>(c, pool, host, transport, clock);
+  }
+  ~ManualRig() {
+    while (transport.pending()) transport.complete();
+    engine.reset();
+  }
+};
+
+}  // namespace u3m::engine::testing

@@ -1,0 +1,337 @@
+// The runtime's behaviour: residency, eviction under a budget, the three
+// tiers, priorities, upper copies kept until the lower one is confirmed, OOM.
+#include <limits>
+
+#include <gtest/gtest.h>
+
+#include "engine/rig.hpp"
+
+namespace u3m::engine {
+namespace {
+
+using mem::KiB;
+using mem::MiB;
+using testing::ManualRig;
+using testing::Rig;
+using testing::RigOptions;
+
+TEST(Engine, FreshWriteThenReadOnDevice) {
+  Rig rig;
+  ASSERT_EQ(rig.engine->add(1, 64 * KiB), Status::ok);
+  EXPECT_EQ(rig.engine->add(1, 64 * KiB), Status::invalid_argument);  // already registered
+  EXPECT_EQ(rig.engine->add(2, 0), Status::invalid_argument);
+  ASSERT_EQ(rig.write(1, 7), Status::ok);
+  EXPECT_TRUE(rig.holds(1, 7));
+  auto r = rig.engine->residency(1);
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(r->valid[0]);
+  EXPECT_FALSE(r->valid[1]);
+  EXPECT_EQ(rig.engine->stats().used[0], 64 * KiB);
+  Lease l;
+  EXPECT_EQ(rig.engine->acquire(99, Tier::device, Access::read, &l), Status::not_found);
+  EXPECT_EQ(rig.engine->acquire(1, Tier::ssd, Access::read, &l), Status::invalid_argument);
+}
+
+TEST(Engine, DeviceBudgetSmallerThanDataEvictsAndKeepsEveryByte) {
+  RigOptions o;
+  o.device = 1 * MiB;
+  Rig rig(o);
+  constexpr int kN = 24;  // 24 x 128 KiB = 3 MiB through a 1 MiB device
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_EQ(rig.engine->add(i, 128 * KiB), Status::ok);
+    ASSERT_EQ(rig.write(i, 1), Status::ok) << i;
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kN; ++i) ASSERT_TRUE(rig.holds(i, 1)) << i;
+  }
+  EngineStats st = rig.engine->stats();
+  EXPECT_LE(st.peak[0], 1 * MiB);
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_GT(st.links[static_cast<int>(Link::d2h)].bytes, 0u);
+  EXPECT_GT(st.links[static_cast<int>(Link::h2d)].bytes, 0u);
+  EXPECT_GT(st.misses, 0u);
+  EXPECT_EQ(st.lost_tensors, 0u);
+  // The second round re-read clean copies, so some drops needed no write-back.
+  EXPECT_GT(st.clean_drops, 0u);
+}
+
+TEST(Engine, ThreeTiersSpillToSsdAndComeBack) {
+  RigOptions o;
+  o.device = 512 * KiB;
+  o.host = 1 * MiB;
+  o.ssd = 16 * MiB;
+  Rig rig(o);
+  constexpr int kN = 32;  // 4 MiB of data: most of it must live on SSD
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_EQ(rig.engine->add(100 + i, 128 * KiB), Status::ok);
+    ASSERT_EQ(rig.write(100 + i, i), Status::ok) << i;
+  }
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(rig.holds(100 + i, i)) << i;
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(rig.holds(100 + i, i, Tier::host)) << i;
+  EngineStats st = rig.engine->stats();
+  EXPECT_LE(st.peak[0], 512 * KiB);
+  EXPECT_LE(st.peak[1], 1 * MiB);
+  EXPECT_GT(st.links[static_cast<int>(Link::h2s)].bytes, 0u);
+  EXPECT_GT(st.links[static_cast<int>(Link::s2h)].bytes, 0u);
+}
+
+TEST(Engine, WriteMakesOtherCopiesStale) {
+  Rig rig;
+  ASSERT_EQ(rig.engine->add(5, 32 * KiB), Status::ok);
+  ASSERT_EQ(rig.write(5, 1, Tier::device), Status::ok);
+  ASSERT_TRUE(rig.holds(5, 1, Tier::host));  // now on both
+  auto r = rig.engine->residency(5);
+  EXPECT_TRUE(r->valid[0] && r->valid[1]);
+  ASSERT_EQ(rig.write(5, 2, Tier::host), Status::ok);
+  r = rig.engine->residency(5);
+  EXPECT_FALSE(r->valid[0]);
+  EXPECT_TRUE(r->valid[1]);
+  EXPECT_TRUE(rig.holds(5, 2, Tier::device));
+}
+
+TEST(Engine, LeasesExcludeWritersAndRemoveWhileLeasedIsBusy) {
+  Rig rig;
+  ASSERT_EQ(rig.engine->add(1, 4 * KiB), Status::ok);
+  ASSERT_EQ(rig.write(1, 3), Status::ok);
+  Lease r1, r2, w;
+  ASSERT_EQ(rig.engine->acquire(1, Tier::device, Access::read, &r1), Status::ok);
+  ASSERT_EQ(rig.engine->acquire(1, Tier::device, Access::read, &r2), Status::ok);
+  EXPECT_EQ(rig.engine->try_acquire(1, Tier::device, Access::write, &w), Status::busy);
+  EXPECT_EQ(rig.engine->remove(1), Status::busy);
+  EXPECT_EQ(rig.engine->evict(1, Tier::device), Status::busy);
+  EXPECT_EQ(rig.engine->release(r1), Status::ok);
+  EXPECT_EQ(rig.engine->release(r2), Status::ok);
+  EXPECT_EQ(rig.engine->release(r2), Status::invalid_argument);  // not held any more
+  EXPECT_EQ(rig.engine->try_acquire(1, Tier::device, Access::write, &w), Status::ok);
+  EXPECT_EQ(rig.engine->release(w), Status::ok);
+  EXPECT_EQ(rig.engine->remove(1), Status::ok);
+  EXPECT_EQ(rig.engine->stats().used[0], 0u);
+}
+
+TEST(Engine, PrefetchBringsTheCopyAheadAndCountsAHit) {
+  Rig rig;
+  ASSERT_EQ(rig.engine->add(1, 256 * KiB), Status::ok);
+  ASSERT_EQ(rig.write(1, 9), Status::ok);
+  ASSERT_EQ(rig.engine->evict(1, Tier::device), Status::ok);
+  rig.engine->drain();
+  auto r = rig.engine->residency(1);
+  EXPECT_FALSE(r->valid[0]);
+  EXPECT_TRUE(r->valid[1]);
+  ASSERT_EQ(rig.engine->prefetch(1, Tier::device), Status::ok);
+  rig.engine->drain();
+  EngineStats before = rig.engine->stats();
+  EXPECT_TRUE(rig.holds(1, 9));
+  EngineStats after = rig.engine->stats();
+  EXPECT_EQ(after.prefetch_hits, before.prefetch_hits + 1);
+  EXPECT_EQ(after.hits, before.hits + 1);
+  EXPECT_EQ(after.misses, before.misses);
+}
+
+TEST(Engine, OutOfMemoryWhenNothingCanBeEvicted) {
+  RigOptions o;
+  o.device = 512 * KiB;
+  Rig rig(o);
+  ASSERT_EQ(rig.engine->add(1, 1 * MiB), Status::ok);  // bigger than the device
+  Lease l;
+  EXPECT_EQ(rig.engine->acquire(1, Tier::device, Access::write, &l), Status::out_of_memory);
+  ASSERT_EQ(rig.engine->add(2, 384 * KiB), Status::ok);
+  ASSERT_EQ(rig.engine->add(3, 384 * KiB), Status::ok);
+  Lease a, b;
+  ASSERT_EQ(rig.engine->acquire(2, Tier::device, Access::write, &a), Status::ok);
+  // 2 is pinned; 3 cannot fit beside it, and this thread holds the pin.
+  EXPECT_EQ(rig.engine->acquire(3, Tier::device, Access::write, &b), Status::out_of_memory);
+  ASSERT_EQ(rig.engine->release(a), Status::ok);
+  EXPECT_EQ(rig.engine->acquire(3, Tier::device, Access::write, &b), Status::ok);
+  EXPECT_EQ(rig.engine->release(b), Status::ok);
+  EXPECT_GE(rig.engine->stats().oom, 2u);
+}
+
+// ---- deterministic ordering and failures (manual transport) ----------------
+
+EngineConfig small(std::uint64_t device, std::uint64_t host) {
+  EngineConfig c;
+  c.device.capacity = device;
+  c.host.capacity = host;
+  return c;
+}
+
+TEST(EngineManual, DemandOvertakesQueuedPrefetchesAndWritebacks) {
+  EngineConfig c = small(4 * MiB, 16 * MiB);
+  c.link_slots = {1, 1, 1, 1};
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  for (TensorId id : {1, 2, 3}) {
+    ASSERT_EQ(e.add(id, 64 * KiB), Status::ok);
+    Lease l;
+    ASSERT_EQ(e.acquire(id, Tier::host, Access::write, &l), Status::ok);
+    testing::fill(l.ptr, l.bytes, id, 0);
+    ASSERT_EQ(e.release(l), Status::ok);
+  }
+  ASSERT_EQ(e.prefetch(1, Tier::device), Status::ok);  // starts: the link is free
+  ASSERT_EQ(e.prefetch(2, Tier::device), Status::ok);  // queued behind it
+  Lease l;
+  ASSERT_EQ(e.try_acquire(3, Tier::device, Access::read, &l), Status::busy);  // demand, queued
+  ASSERT_EQ(rig.transport.pending(), 1u);
+  EXPECT_EQ(rig.transport.complete().tensor, 1u);
+  ASSERT_EQ(rig.transport.pending(), 1u);
+  EXPECT_EQ(rig.transport.started.front().tensor, 3u);  // the demand went first
+  rig.transport.complete();
+  EXPECT_EQ(rig.transport.started.front().tensor, 2u);
+  rig.transport.complete();
+  ASSERT_EQ(e.try_acquire(3, Tier::device, Access::read, &l), Status::ok);
+  EXPECT_EQ(testing::first_mismatch(l.ptr, l.bytes, 3, 0), -1);
+  ASSERT_EQ(e.release(l), Status::ok);
+  EngineStats st = e.stats();
+  EXPECT_EQ(st.links[static_cast<int>(Link::h2d)].by_priority[0], 1u);
+  EXPECT_EQ(st.links[static_cast<int>(Link::h2d)].by_priority[1], 2u);
+}
+
+TEST(EngineManual, UpperCopyStaysUntilTheLowerIsConfirmed) {
+  ManualRig rig(small(4 * MiB, 16 * MiB));
+  Engine& e = *rig.engine;
+  ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  Lease l;
+  ASSERT_EQ(e.acquire(1, Tier::device, Access::write, &l), Status::ok);
+  testing::fill(l.ptr, l.bytes, 1, 4);
+  ASSERT_EQ(e.release(l), Status::ok);
+
+  ASSERT_EQ(e.evict(1, Tier::device), Status::ok);
+  ASSERT_EQ(rig.transport.pending(), 1u);
+  auto r = e.residency(1);
+  EXPECT_TRUE(r->valid[0]);  // still the only copy while d2h runs
+  EXPECT_FALSE(r->valid[1]);
+  EXPECT_TRUE(r->in_flight);
+  // A reader may still use the source during the copy.
+  ASSERT_EQ(e.try_acquire(1, Tier::device, Access::read, &l), Status::ok);
+  ASSERT_EQ(e.release(l), Status::ok);
+  // A writer may not.
+  EXPECT_EQ(e.try_acquire(1, Tier::device, Access::write, &l), Status::busy);
+
+  rig.transport.complete(Status::io_error);
+  r = e.residency(1);
+  EXPECT_TRUE(r->valid[0]);  // kept: the write-back failed
+  EXPECT_FALSE(r->valid[1]);
+  EXPECT_FALSE(r->lost);
+  EXPECT_EQ(e.stats().io_errors, 1u);
+  EXPECT_EQ(e.stats().used[1], 0u);  // the failed destination was freed
+  // The pending write acquire above asked for a demand; serve it, then evict again.
+  rig.clock.advance(1'000'000'000);
+  ASSERT_EQ(e.evict(1, Tier::device), Status::ok);
+  rig.transport.complete(Status::ok);
+  r = e.residency(1);
+  EXPECT_FALSE(r->valid[0]);
+  EXPECT_TRUE(r->valid[1]);
+  ASSERT_EQ(e.try_acquire(1, Tier::host, Access::read, &l), Status::ok);
+  EXPECT_EQ(testing::first_mismatch(l.ptr, l.bytes, 1, 4), -1);
+  ASSERT_EQ(e.release(l), Status::ok);
+}
+
+TEST(EngineManual, FailedDemandFetchIsReportedAndTheTensorIsLostOnlyWithoutACopy) {
+  ManualRig rig(small(4 * MiB, 16 * MiB));
+  Engine& e = *rig.engine;
+  ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  Lease l;
+  ASSERT_EQ(e.acquire(1, Tier::host, Access::write, &l), Status::ok);
+  ASSERT_EQ(e.release(l), Status::ok);
+  ASSERT_EQ(e.try_acquire(1, Tier::device, Access::read, &l), Status::busy);
+  rig.transport.complete(Status::device_failed);
+  EXPECT_EQ(e.try_acquire(1, Tier::device, Access::read, &l), Status::device_failed);
+  auto r = e.residency(1);
+  EXPECT_FALSE(r->lost);  // the host copy is intact
+  EXPECT_TRUE(r->valid[1]);
+  EXPECT_EQ(e.stats().device_errors, 1u);
+}
+
+TEST(EngineManual, SsdReadRetriesThenReportsCorruptAndLost) {
+  EngineConfig c = small(4 * MiB, 256 * KiB);
+  c.read_retries = 2;
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  Lease l;
+  ASSERT_EQ(e.acquire(1, Tier::host, Access::write, &l), Status::ok);
+  testing::fill(l.ptr, l.bytes, 1, 1);
+  ASSERT_EQ(e.release(l), Status::ok);
+  ASSERT_EQ(e.evict(1, Tier::host), Status::ok);
+  EXPECT_EQ(rig.transport.complete().link, Link::h2s);
+  EXPECT_FALSE(e.residency(1)->valid[1]);
+  EXPECT_TRUE(e.residency(1)->valid[2]);
+  ASSERT_EQ(e.try_acquire(1, Tier::host, Access::read, &l), Status::busy);
+  rig.transport.complete(Status::corrupt);  // first read fails its checksum
+  rig.transport.complete(Status::corrupt);  // retry 1
+  ASSERT_EQ(rig.transport.pending(), 1u);   // retry 2 is running
+  rig.transport.complete(Status::corrupt);
+  EXPECT_EQ(e.try_acquire(1, Tier::host, Access::read, &l), Status::corrupt);
+  EngineStats st = e.stats();
+  EXPECT_EQ(st.corrupt_reads, 3u);
+  EXPECT_EQ(st.links[static_cast<int>(Link::s2h)].retries, 2u);
+  EXPECT_EQ(st.lost_tensors, 1u);
+  EXPECT_TRUE(e.residency(1)->lost);
+}
+
+TEST(EngineManual, WatermarkEvictionStartsAboveHighAndStopsAtLow) {
+  EngineConfig c = small(1 * MiB, 16 * MiB);
+  c.device.high_watermark = 0.75;
+  c.device.low_watermark = 0.5;
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  for (TensorId id = 1; id <= 6; ++id) {
+    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+    Lease l;
+    ASSERT_EQ(e.acquire(id, Tier::device, Access::write, &l), Status::ok);
+    ASSERT_EQ(e.release(l), Status::ok);
+  }
+  // 768 KiB = 75%: not above the high watermark yet.
+  EXPECT_EQ(rig.transport.pending(), 0u);
+  ASSERT_EQ(e.add(7, 128 * KiB), Status::ok);
+  Lease l;
+  ASSERT_EQ(e.acquire(7, Tier::device, Access::write, &l), Status::ok);
+  ASSERT_EQ(e.release(l), Status::ok);
+  // 896 KiB > 768 KiB: evict least recently used down to 512 KiB (3 tensors).
+  EXPECT_EQ(rig.transport.pending(), 2u);  // d2h has two slots; the third is queued
+  EXPECT_EQ(rig.transport.started[0].tensor, 1u);
+  EXPECT_EQ(rig.transport.started[1].tensor, 2u);
+  rig.transport.complete();
+  rig.transport.complete();
+  rig.transport.complete();
+  EXPECT_EQ(e.stats().used[0], 512 * KiB);
+  EXPECT_FALSE(e.residency(3)->valid[0]);
+  EXPECT_TRUE(e.residency(4)->valid[0]);
+}
+
+TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
+  EngineConfig c = small(1 * MiB, 16 * MiB);
+  c.device.high_watermark = 0.75;
+  c.device.low_watermark = 0.5;
+  c.link_slots = {8, 8, 8, 8};
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  // Highest id first, except tensor 7, which the policy pins.
+  e.set_victim_score([](TensorId id, Tier) {
+    return id == 7 ? std::numeric_limits<double>::infinity() : -static_cast<double>(id);
+  });
+  for (TensorId id = 1; id <= 7; ++id) {
+    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+    Lease l;
+    ASSERT_EQ(e.acquire(id, Tier::device, Access::write, &l), Status::ok);
+    ASSERT_EQ(e.release(l), Status::ok);
+  }
+  ASSERT_EQ(rig.transport.pending(), 3u);
+  EXPECT_EQ(rig.transport.started[0].tensor, 6u);
+  EXPECT_EQ(rig.transport.started[1].tensor, 5u);
+  EXPECT_EQ(rig.transport.started[2].tensor, 4u);
+}
+
+TEST(EngineConfigTest, ValidateNamesTheField) {
+  EngineConfig c;
+  c.device.low_watermark = 0.95;
+  try {
+    c.validate();
+    FAIL() << "expected InputError";
+  } catch (const std::exception& ex) {
+    EXPECT_NE(std::string(ex.what()).find("device"), std::string::npos) << ex.what();
+  }
+}
+
+}  // namespace
+}  // namespace u3m::engine
