@@ -1,9 +1,13 @@
-// u3m train sim | capacity: the training experiments of issue 5, simulated
-// (docs/training.md). Every figure printed here is simulated with a named
-// hardware profile, never measured.
+// u3m train sim | capacity | check: the training experiments of issue 5
+// (docs/training.md). `sim` and `capacity` print figures simulated with a
+// named hardware profile, never measured; `check` compares a measured run on
+// this machine with its simulation and labels each side.
+#include <cmath>
+#include <ctime>
 #include <memory>
 #include <string>
 
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +15,8 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/experiments/train.hpp"
+#include "u3m/experiments/validate.hpp"
+#include "u3m/sim/calibrate.hpp"
 #include "u3m/sim/profile_json.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/workload/shape.hpp"
@@ -237,6 +243,149 @@ void run_capacity(const TrainArgs& a) {
   }
 }
 
+struct CheckArgs {
+  std::string hw;  // a profile file from u3m hw calibrate; "" = calibrate now
+  std::string dir = "/var/tmp";
+  double calibrate_seconds = 3;
+  double compute_scale = experiments::CheckSetup{}.compute_scale;
+  std::uint64_t check_stride = experiments::CheckSetup{}.check_stride;
+  bool json = false;
+};
+
+std::string load_average() {
+  double l[3] = {0, 0, 0};
+  if (getloadavg(l, 3) != 3) return "unknown";
+  return fmt::format("{:.2f} {:.2f} {:.2f}", l[0], l[1], l[2]);
+}
+
+void run_check(const CheckArgs& a) {
+  experiments::CheckSetup setup;
+  setup.compute_scale = a.compute_scale;
+  setup.check_stride = a.check_stride;
+  if (!(a.compute_scale >= 0 && std::isfinite(a.compute_scale)))
+    input_error("--compute-scale", "must be a finite number >= 0, got {}", a.compute_scale);
+  const bool tty = isatty(STDERR_FILENO) && !a.json;
+  if (a.hw.empty()) {
+    sim::CalibrateOptions o;
+    o.dir = a.dir;
+    o.seconds = a.calibrate_seconds;
+    o.host = machine();
+    o.date = fmt::format("{:%Y-%m-%d}", fmt::gmtime(std::time(nullptr)));
+    if (tty)
+      o.progress = [](std::string_view s) { fmt::print(stderr, "\r\033[K  calibrating: {}", s); };
+    setup.local = sim::profile_from_measurements(sim::measure_machine(o), o);
+  } else {
+    setup.local = sim::load_profile(a.hw);
+  }
+  const std::string load_before = load_average();
+  std::vector<experiments::CheckResult> rows;
+  for (const experiments::CheckConfig& c : experiments::default_check_configs()) {
+    if (tty) fmt::print(stderr, "\r\033[K  running {}", c.label());
+    rows.push_back(experiments::run_check(c, setup));
+  }
+  if (tty) fmt::print(stderr, "\r\033[K");
+  const std::string load_after = load_average();
+  const std::string where = machine();
+  bool all_ok = true;
+  for (const auto& r : rows) all_ok = all_ok && r.data_ok && r.first_error.empty();
+  if (a.json) {
+    nlohmann::json out = nlohmann::json::array();
+    auto side = [](const experiments::CheckSide& s) {
+      return nlohmann::json{{"step_s", s.step_s},
+                            {"total_s", s.total_s},
+                            {"stall_s", s.stall_s},
+                            {"h2d_bytes", s.h2d_bytes},
+                            {"d2h_bytes", s.d2h_bytes},
+                            {"evictions", s.evictions},
+                            {"transfers", s.transfers},
+                            {"transfer_s", s.transfer_s},
+                            {"iteration_end_s", s.iteration_end_s}};
+    };
+    for (const auto& r : rows) {
+      const auto& c = r.config;
+      out.push_back({{"config",
+                      {{"label", c.label()},
+                       {"model", c.model},
+                       {"seq_len", c.seq_len},
+                       {"micro_batch", c.micro_batch},
+                       {"steps", c.steps},
+                       {"device_fraction", c.device_fraction},
+                       {"link_gbps", c.link_gbps},
+                       {"lookahead", c.lookahead}}},
+                     {"footprint_bytes", r.footprint},
+                     {"device_budget_bytes", r.device_budget},
+                     {"compute_step_s", r.compute_step_s},
+                     {"real", side(r.real)},
+                     {"sim", side(r.sim)},
+                     {"error", r.error},
+                     {"data_ok", r.data_ok},
+                     {"bytes_verified", r.bytes_verified},
+                     {"first_error", r.first_error},
+                     {"overrun_s", r.overrun_s},
+                     {"oversleep_s", r.oversleep_s},
+                     {"links_model", r.links_label}});
+    }
+    nlohmann::json j = {{"real",
+                         {{"measured_on", where},
+                          {"load_average_before", load_before},
+                          {"load_average_after", load_after},
+                          {"how",
+                           "u3m runtime over device-emu, throttled copies, each op "
+                           "sleeps its compute time"}}},
+                        {"sim",
+                         {{"simulated_with", setup.local.name},
+                          {"profile_origin", setup.local.origin},
+                          {"profile", sim::profile_json(setup.local)}}},
+                        {"compute_scale", a.compute_scale},
+                        {"check_stride", a.check_stride},
+                        {"ok", all_ok},
+                        {"configs", out},
+                        {"version", kVersion}};
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print(
+        "sim versus real: tiny-mha training, step = mean of the iterations after the first\n");
+    fmt::print(
+        "  real = measured on {} (load average {} before, {} after): the u3m runtime over "
+        "device-emu, copies throttled to the link rate, each op sleeps its compute time\n",
+        where, load_before, load_after);
+    fmt::print(
+        "  sim  = simulated with profile {} ({}): the same engine on virtual time, links at the "
+        "same rate plus the real stack's measured cost per transfer\n",
+        setup.local.name, setup.local.origin);
+    fmt::print(
+        "  compute per op: the {} profile's roofline x {:g}, the same on both sides; the real run "
+        "checks one word per {} B\n",
+        setup.local.name, a.compute_scale, a.check_stride);
+    fmt::print("  {:<53} {:>12} {:>9} {:>9} {:>7} {:>15} {:>17} {:>5}\n", "configuration",
+               "compute/step", "real step", "sim step", "error", "stall real/sim",
+               "per transfer r/s", "data");
+    auto per = [](const experiments::CheckSide& x) {
+      return x.transfers ? 1e3 * x.transfer_s / double(x.transfers) : 0.0;
+    };
+    for (const auto& r : rows) {
+      fmt::print(
+          "  {:<53} {:>11.3f}s {:>8.3f}s {:>8.3f}s {:>+6.1f}% {:>7.3f}/{:.3f}s "
+          "{:>7.3f}/{:.3f}ms {:>5}\n",
+          r.config.label(), r.compute_step_s, r.real.step_s, r.sim.step_s, 100 * r.error,
+          r.real.stall_s, r.sim.stall_s, per(r.real), per(r.sim), r.data_ok ? "ok" : "WRONG");
+    }
+    fmt::print(
+        "  stall: whole run; per transfer: mean from start to completion, engine clock. Real "
+        "run's own delays (whole run): checks past the op's compute (overrun), late wake-ups:\n");
+    for (const auto& r : rows) {
+      fmt::print("    {:<53} overrun {:.3f} s, late {:.3f} s; h2d {} / {}; links: {}\n",
+                 r.config.label(), r.overrun_s, r.oversleep_s,
+                 approx_bytes(double(r.real.h2d_bytes)), approx_bytes(double(r.sim.h2d_bytes)),
+                 r.links_label);
+    }
+    for (const auto& r : rows) {
+      if (!r.first_error.empty()) fmt::print("  error ({}): {}\n", r.config.label(), r.first_error);
+    }
+  }
+  if (!all_ok) throw CLI::RuntimeError(3);  // a wrong byte or a failed acquire, as run replay
+}
+
 void add_scenario_options(CLI::App* c, TrainArgs& a) {
   c->add_option("--hw", a.hw, "Hardware profile: a built-in name (u3m hw show) or a TOML file")
       ->capture_default_str();
@@ -283,6 +432,28 @@ void add_train_commands(CLI::App& app) {
   cap->add_option("--policies", a->policies, "Comma-separated policies")->capture_default_str();
   add_scenario_options(cap, *a);
   cap->callback([a] { run_capacity(*a); });
+
+  auto ca = std::make_shared<CheckArgs>();
+  auto* chk = train->add_subcommand(
+      "check",
+      "Sim versus real: tiny training steps run for real (runtime, device-emu, a device budget "
+      "below the footprint) and simulated with the local profile; step times and their error");
+  chk->add_option("--hw", ca->hw,
+                  "The local profile (a file from u3m hw calibrate); default: calibrate now")
+      ->check(CLI::ExistingFile);
+  chk->add_option("--calibrate-seconds", ca->calibrate_seconds,
+                  "Calibration budget when --hw is not given")
+      ->capture_default_str();
+  chk->add_option("--dir", ca->dir, "Directory for calibration's SSD test file")
+      ->capture_default_str();
+  chk->add_option("--compute-scale", ca->compute_scale,
+                  "Multiplies each op's roofline compute time (both sides)")
+      ->capture_default_str();
+  chk->add_option("--check-stride", ca->check_stride,
+                  "The real run writes and checks one 8-byte word per this many bytes (8 = all)")
+      ->capture_default_str();
+  chk->add_flag("--json", ca->json, "One JSON object: both sides of every configuration");
+  chk->callback([ca] { run_check(*ca); });
 }
 
 }  // namespace u3m::cli

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <thread>
 
 #include "u3m/util/error.hpp"
 
@@ -139,6 +140,9 @@ Engine::Engine(EngineConfig config, mem::DevicePool& device_pool, mem::MemoryBac
 
 Engine::~Engine() {
   drain();
+  // A completion callback may still be returning (it released the lock and
+  // is running its actions); wait for it before anything is torn down.
+  while (callbacks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   std::unique_lock lk(mu_);
   Actions act;
   for (auto& [id, e] : entries_) {
@@ -232,16 +236,12 @@ void Engine::drop_stale(Entry& e, Tier keep, Actions& act) {
 }
 
 std::uint64_t Engine::pending_bytes(Tier t) const {
-  // Bytes queued to land in t: fetches (and write-backs) not yet started.
+  // Bytes queued to land in t and not yet started. Kept per link as jobs are
+  // queued and popped, so it is O(1); stale jobs count until popped, which
+  // only makes eviction start a little early.
   std::uint64_t sum = 0;
   for (int l = 0; l < kNumLinks; ++l) {
-    if (link_dst(static_cast<Link>(l)) != t) continue;
-    for (const auto& q : links_[l].q) {
-      for (const Job& j : q) {
-        auto it = entries_.find(j.id);
-        if (it != entries_.end() && !it->second->ptr[idx(t)]) sum += it->second->bytes;
-      }
-    }
+    if (link_dst(static_cast<Link>(l)) == t) sum += links_[l].bytes;
   }
   return sum;
 }
@@ -285,7 +285,7 @@ void Engine::enqueue(Entry& e, Link link, Tier to, bool evict, Priority prio) {
     if (e.queued_prio[idx(to)] <= p) return;  // already queued at least this urgently
     e.queued_prio[idx(to)] = p;
   }
-  links_[static_cast<int>(link)].q[p].push_back(Job{prio, next_seq_++, e.id, to, evict, 0});
+  links_[static_cast<int>(link)].push_back(Job{prio, next_seq_++, e.id, to, evict, 0, e.bytes});
 }
 
 // The next hop toward `tier` for a copy, from the nearest valid tier.
@@ -425,15 +425,13 @@ void Engine::pump(Actions& act) {
     for (int l = 0; l < kNumLinks; ++l) {
       LinkQueue& lq = links_[l];
       for (int p = 0; p < kNumPriorities && lq.in_flight < config_.link_slots[l];) {
-        auto& q = lq.q[p];
-        if (q.empty()) {
+        if (lq.q[p].empty()) {
           ++p;
           continue;
         }
-        Job j = q.front();
-        q.pop_front();
+        Job j = lq.pop(p);
         if (!start_job(static_cast<Link>(l), j, act)) {
-          q.push_front(j);
+          lq.push_front(j);
           break;  // strict priority: nothing lower overtakes a blocked job
         }
       }
@@ -449,6 +447,13 @@ void Engine::run(Actions& act) {
 }
 
 void Engine::on_done(const Transfer& t, Status s) {
+  // Counted so the destructor can wait for the tail of this call (run()
+  // below) even after drain() saw nothing running.
+  callbacks_.fetch_add(1, std::memory_order_acq_rel);
+  struct Done {
+    std::atomic<int>& n;
+    ~Done() { n.fetch_sub(1, std::memory_order_acq_rel); }
+  } done{callbacks_};
   Actions act;
   {
     std::lock_guard lk(mu_);
@@ -512,7 +517,7 @@ void Engine::on_done(const Transfer& t, Status s) {
         Job again = r.job;
         ++again.attempt;
         again.prio = Priority::demand;
-        links_[static_cast<int>(r.link)].q[0].push_front(again);
+        links_[static_cast<int>(r.link)].push_front(again);
         e.queued_prio[idx(to)] = 0;
       } else if (r.job.evict) {
         // Note [Upper copy until the lower is confirmed]: the source stays.
@@ -681,20 +686,14 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
 }
 
 Status Engine::acquire(TensorId id, Tier tier, Access access, Lease* out) {
-  if (!out || tier == Tier::ssd) return Status::invalid_argument;
-  Actions act;
-  Status s;
-  {
-    std::unique_lock lk(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) return Status::not_found;
-    s = acquire_locked(lk, *it->second, tier, access, out, /*block=*/true, act);
-  }
-  run(act);
-  return s;
+  return acquire_entry(id, tier, access, out, /*block=*/true);
 }
 
 Status Engine::try_acquire(TensorId id, Tier tier, Access access, Lease* out) {
+  return acquire_entry(id, tier, access, out, /*block=*/false);
+}
+
+Status Engine::acquire_entry(TensorId id, Tier tier, Access access, Lease* out, bool block) {
   if (!out || tier == Tier::ssd) return Status::invalid_argument;
   Actions act;
   Status s;
@@ -702,7 +701,7 @@ Status Engine::try_acquire(TensorId id, Tier tier, Access access, Lease* out) {
     std::unique_lock lk(mu_);
     auto it = entries_.find(id);
     if (it == entries_.end()) return Status::not_found;
-    s = acquire_locked(lk, *it->second, tier, access, out, /*block=*/false, act);
+    s = acquire_locked(lk, *it->second, tier, access, out, block, act);
   }
   run(act);
   return s;

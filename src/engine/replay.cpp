@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/prctl.h>
 
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
@@ -25,33 +31,148 @@ std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Contents unique to (tensor, version), word by word; a short tail byte-wise.
-void fill(void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t version) {
+// Contents unique to (tensor, version): the 8-byte word at offset i holds
+// seed + i, a short tail byte-wise. With a stride above 8 only every
+// stride-th word is written and checked, plus the last whole word and the
+// tail (ReplayOptions::check_stride).
+template <typename F>
+void for_each_word(std::uint64_t bytes, std::uint64_t stride, F f) {
+  std::uint64_t i = 0;
+  for (; i + 8 <= bytes; i += stride) f(i);
+  if (bytes >= 8 && i - stride != bytes / 8 * 8 - 8) f(bytes / 8 * 8 - 8);
+}
+void fill(void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t version,
+          std::uint64_t stride) {
   const std::uint64_t seed = mix(id ^ mix(version));
   auto* b = static_cast<unsigned char*>(p);
-  std::uint64_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
+  for_each_word(bytes, stride, [&](std::uint64_t i) {
     std::uint64_t w = seed + i;
     std::memcpy(b + i, &w, 8);
-  }
-  for (; i < bytes; ++i) b[i] = static_cast<unsigned char>((seed + i) >> 3);
+  });
+  for (std::uint64_t i = bytes / 8 * 8; i < bytes; ++i)
+    b[i] = static_cast<unsigned char>((seed + i) >> 3);
 }
-bool check(const void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t version) {
+bool check(const void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t version,
+           std::uint64_t stride) {
   const std::uint64_t seed = mix(id ^ mix(version));
   auto* b = static_cast<const unsigned char*>(p);
-  std::uint64_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
+  std::uint64_t bad = 0;  // no early exit: a mismatch is rare, a branch-free loop is fast
+  for_each_word(bytes, stride, [&](std::uint64_t i) {
     std::uint64_t w;
     std::memcpy(&w, b + i, 8);
-    if (w != seed + i) return false;
+    bad |= w ^ (seed + i);
+  });
+  for (std::uint64_t i = bytes / 8 * 8; i < bytes; ++i)
+    bad |= b[i] ^ static_cast<unsigned char>((seed + i) >> 3);
+  return bad == 0;
+}
+
+// Note [All demand fetches at once]
+// An op first asks for each of its tensors with try_acquire, which never
+// blocks and schedules a demand fetch (or the eviction that makes room) for
+// each one not ready, and only then waits, tensor by tensor, for those. One
+// blocking acquire after another would issue the second fetch only when the
+// first had landed, and the link would idle between them. The simulator
+// polls the same way (Note [Simulation loop] in src/sim/runner.cpp), so the
+// two make the same engine calls in the same order. (On the tiny-mha check
+// configurations the measured stall barely changed: most ops miss at most one
+// tensor there, so the difference shows only for ops that miss several.)
+//
+// Note [Compute in replay]
+// With ReplayOptions::op_time, each op stands for a kernel running on the
+// device for that long: from the moment the op holds all its tensors, the
+// replay thread sleeps until the op's deadline (sleep_until on steady_clock),
+// and releases its leases after. Sleeping, not spinning: on a device the host
+// thread waits while the kernel runs, and on a small machine a spinning
+// thread would take a core from the copy engines and transport workers that
+// the overlap being measured depends on. The replay's own CPU work (checking
+// and filling the op's bytes, prefetch calls) runs inside the op's window;
+// when it outlasts the op, the excess is counted (overrun), since a device
+// would not spend it. The lateness of each wake-up is counted (oversleep).
+//
+// Note [Timer slack]
+// Linux lets a sleep end up to the thread's timer slack late, 50 us by
+// default. Every throttled device-emu copy ends in a sleep_until, so with the
+// default slack a 4 KiB copy at 4 GB/s took 76 us instead of 1 us (measured
+// on the 2-core VM): the slack, not the link, set the cost of small
+// transfers, and the compute sleeps above drifted the same way. A timed
+// replay (op_time or a throttle) cuts the slack to 1 ns before it creates the
+// device-emu and the transport, whose threads inherit it (a new thread copies
+// its creator's slack); the same 4 KiB copy then took 16 us, 28 us through
+// the transport (the rest is thread hand-offs). The old slack is restored at
+// the end.
+class TimerSlack {
+ public:
+  explicit TimerSlack(bool on) {
+    if (!on) return;
+    const int old = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (old > 0 && prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0) == 0) old_ = old;
   }
-  for (; i < bytes; ++i) {
-    if (b[i] != static_cast<unsigned char>((seed + i) >> 3)) return false;
+  ~TimerSlack() {
+    if (old_ > 0) prctl(PR_SET_TIMERSLACK, old_, 0, 0, 0);
   }
-  return true;
+  TimerSlack(const TimerSlack&) = delete;
+  TimerSlack& operator=(const TimerSlack&) = delete;
+
+ private:
+  int old_ = 0;
+};
+
+bool timed(const ReplayOptions& o) {
+  return o.op_time || o.h2d_gbps > 0 || o.d2h_gbps > 0;
+}
+
+// The emulated device a replay with these options runs on, for `bytes` of
+// device memory (plus the pool's rounding slack).
+mem::DeviceEmuOptions device_options(const ReplayOptions& o, std::uint64_t bytes) {
+  mem::DeviceEmuOptions d;
+  d.capacity = bytes + 64 * mem::MiB;
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_gbps * 1e9;
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_gbps * 1e9;
+  return d;
 }
 
 }  // namespace
+
+double transfer_overhead_s(const ReplayOptions& o, std::uint64_t bytes, int reps) {
+  if (bytes == 0 || reps <= 0)
+    input_error("transfer_overhead_s", "bytes and reps must be > 0, got {} and {}", bytes, reps);
+  const TimerSlack slack(timed(o));  // as replay_trace: Note [Timer slack]
+  mem::DeviceEmuBackend device(device_options(o, bytes));
+  void* dev = nullptr;
+  if (!mem::ok(device.allocate(bytes, &dev)))
+    throw std::runtime_error("transfer_overhead_s: device-emu allocate failed");
+  std::vector<unsigned char> host(bytes, 1);
+  BackendTransport transport(device, nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  transport.set_completion([&](const Transfer&, Status) {
+    std::lock_guard g(mu);
+    done = true;
+    cv.notify_all();
+  });
+  std::vector<double> rt;
+  for (int i = 0; i < reps; ++i) {
+    Transfer t;
+    t.ticket = static_cast<std::uint64_t>(i) + 1;
+    t.link = i % 2 ? Link::d2h : Link::h2d;
+    t.bytes = bytes;
+    t.src = i % 2 ? dev : static_cast<const void*>(host.data());
+    t.dst = i % 2 ? static_cast<void*>(host.data()) : dev;
+    const double gbps = i % 2 ? o.d2h_gbps : o.h2d_gbps;
+    done = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    transport.start(t);
+    std::unique_lock g(mu);
+    cv.wait(g, [&] { return done; });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rt.push_back(s - (gbps > 0 ? static_cast<double>(bytes) / (gbps * 1e9) : 0.0));
+  }
+  device.free(dev);
+  std::nth_element(rt.begin(), rt.begin() + rt.size() / 2, rt.end());
+  return std::max(0.0, rt[rt.size() / 2]);
+}
 
 std::uint64_t trace_footprint(const trace::Trace& trace) {
   std::vector<std::uint8_t> live(trace.tensors.size(), 0);
@@ -75,15 +196,21 @@ std::uint64_t trace_footprint(const trace::Trace& trace) {
 // the device (a write lease if it writes the tensor, else a read lease),
 // checks what it reads, writes new versions, and releases everything when the
 // op ends, so an op's inputs and outputs are co-resident as on a real device.
-// Before op j runs, the tensors of op j + lookahead are prefetched: the trace
-// is its own predictor (the trace-replay baseline), enough to show overlap;
-// the policy layer's predictors plug in the same way.
+// While op j holds its tensors, those of op j + lookahead are prefetched (at
+// op 0, those of ops 1..lookahead): the trace is its own predictor (the
+// trace-replay baseline), enough to show overlap; the policy layer's
+// predictors plug in the same way. Tensors are acquired in the order the op
+// first touches them. Both choices match sim::simulate_trace (Note
+// [Simulation loop]), so the simulator and this replay make the same engine
+// calls in the same order; only time differs.
 ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
                           const ReplayProgress& progress) {
   ReplayReport rep;
   for (const trace::Tensor& t : trace.tensors) {
     if (t.bytes == 0) input_error("trace", "tensor '{}' has 0 bytes; cannot replay it", t.name);
   }
+  if (o.check_stride < 8 || o.check_stride % 8 != 0)
+    input_error("check_stride", "must be a multiple of 8 bytes, got {}", o.check_stride);
   rep.footprint = trace_footprint(trace);
   rep.tensors = trace.tensors.size();
   const std::uint64_t fp = std::max<std::uint64_t>(rep.footprint, 1);
@@ -97,10 +224,8 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       o.ssd_dir.empty() ? 0 : (o.ssd_capacity ? o.ssd_capacity : 2 * fp + (64 << 20));
 
   // The real stack: emulated HBM behind the pool, pinned host, SSD store.
-  mem::DeviceEmuOptions dopt;
-  dopt.capacity = 2 * rep.device_budget + 64 * mem::MiB;  // the pool's rounding slack
-  dopt.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_gbps * 1e9;
-  dopt.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_gbps * 1e9;
+  const TimerSlack slack(timed(o));  // before any thread starts: Note [Timer slack]
+  const mem::DeviceEmuOptions dopt = device_options(o, 2 * rep.device_budget);
   mem::DeviceEmuBackend device(dopt);
   mem::BackendSegmentSource source(device);
   mem::PoolConfig pc;
@@ -151,9 +276,18 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     ++rep.errors;
   };
 
-  const auto t0 = std::chrono::steady_clock::now();
-  std::unordered_map<std::uint32_t, bool> touched;  // tensor -> writes, within one op
-  std::vector<Lease> leases;
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  const auto t0 = Clock::now();
+  // The op's tensors in first-touch order, and whether it writes each.
+  std::vector<std::pair<std::uint32_t, bool>> touched;
+  std::unordered_map<std::uint32_t, std::size_t> slot;  // tensor -> index in touched
+  struct Held {
+    Lease lease;
+    std::uint32_t tensor;
+    bool fresh;  // writes it, or it holds no data yet: new contents
+  };
+  std::vector<Held> leases, waiting;
   // A freed tensor whose write-back is still in flight is removed later.
   std::vector<std::uint32_t> deferred;
   auto retry_removals = [&] {
@@ -168,6 +302,14 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   };
   for (std::size_t op = 0; op + 1 < starts.size(); ++op) {
     touched.clear();
+    slot.clear();
+    auto touch = [&](std::uint32_t t, bool writes) {
+      auto [it, added] = slot.try_emplace(t, touched.size());
+      if (added)
+        touched.emplace_back(t, writes);
+      else if (writes)
+        touched[it->second].second = true;
+    };
     std::vector<std::uint32_t> frees;
     for (std::uint64_t i = starts[op]; i < starts[op + 1]; ++i) {
       const trace::Event& e = ev[i];
@@ -177,11 +319,11 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
           break;
         case trace::EventKind::read:
           ensure(e.tensor);
-          touched.try_emplace(e.tensor, false);
+          touch(e.tensor, false);
           break;
         case trace::EventKind::write:
           ensure(e.tensor);
-          touched[e.tensor] = true;
+          touch(e.tensor, true);
           break;
         case trace::EventKind::free:
           frees.push_back(e.tensor);
@@ -189,39 +331,88 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       }
     }
     leases.clear();
+    const auto op_begin = Clock::now();
+    // Two passes (Note [All demand fetches at once]): ask for every tensor
+    // without blocking, then wait for those that were not ready.
+    waiting.clear();
     for (auto [t, writes] : touched) {
       // A tensor read before anything wrote it (a parameter, an input) gets
       // its first contents here.
-      const bool init = version[t] == 0;
+      const bool fresh = writes || version[t] == 0;
       Lease l;
-      Status s =
-          engine.acquire(id_of(t), Tier::device, writes || init ? Access::write : Access::read, &l);
-      if (!mem::ok(s)) {
+      const Status s =
+          engine.try_acquire(id_of(t), Tier::device, fresh ? Access::write : Access::read, &l);
+      if (mem::ok(s))
+        leases.push_back(Held{l, t, fresh});
+      else if (s == Status::busy)
+        waiting.push_back(Held{Lease{}, t, fresh});
+      else
         fail(fmt::format("op {} tensor '{}': {}", op, trace.tensors[t].name, mem::to_string(s)));
-        continue;
-      }
-      if (!init) {
-        if (check(l.ptr, l.bytes, t, version[t]))
-          rep.bytes_verified += l.bytes;
+    }
+    for (Held& h : waiting) {
+      const Status s = engine.acquire(id_of(h.tensor), Tier::device,
+                                      h.fresh ? Access::write : Access::read, &h.lease);
+      if (mem::ok(s))
+        leases.push_back(h);
+      else
+        fail(fmt::format("op {} tensor '{}': {}", op, trace.tensors[h.tensor].name,
+                         mem::to_string(s)));
+    }
+    // Note [Compute in replay]: the op "runs on the device" from the moment
+    // it holds its tensors until `deadline`; the checks and fills below are
+    // host work that a device would not do, so they run inside that window.
+    const auto acquired = Clock::now();
+    rep.stall_s += seconds(acquired - op_begin);
+    const trace::Op& this_op = trace.ops[ev[starts[op]].op];
+    const double dt = o.op_time ? o.op_time(this_op) : 0.0;
+    if (!std::isfinite(dt) || dt < 0)
+      input_error("replay", "op '{}': compute time {} s is not a finite number >= 0", this_op.name,
+                  dt);
+    rep.compute_s += dt;
+    const auto deadline =
+        acquired + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(dt));
+    for (const Held& h : leases) {
+      const std::uint32_t t = h.tensor;
+      if (version[t] != 0) {  // holds data: check it, even when about to overwrite it
+        if (check(h.lease.ptr, h.lease.bytes, t, version[t], o.check_stride))
+          rep.bytes_verified += h.lease.bytes;
         else
           ++rep.mismatches;
       }
-      if (writes || init) {
-        fill(l.ptr, l.bytes, t, ++version[t]);
-        rep.bytes_written += l.bytes;
+      if (h.fresh) {
+        fill(h.lease.ptr, h.lease.bytes, t, ++version[t], o.check_stride);
+        rep.bytes_written += h.lease.bytes;
       }
-      leases.push_back(l);
     }
     // Prefetch while this op holds its leases: room made now cannot be taken
     // from this op's own inputs (they are pinned), only from colder data.
-    if (o.lookahead && op + o.lookahead + 1 < starts.size()) {
-      const std::size_t ahead = op + o.lookahead;
-      for (std::uint64_t i = starts[ahead]; i < starts[ahead + 1]; ++i) {
-        const std::uint32_t t = ev[i].tensor;
-        if (registered[t] && version[t]) engine.prefetch(id_of(t), Tier::device);
+    // Each op is prefetched once, `lookahead` ops ahead; the first op also
+    // covers the ops no earlier op reached (as sim::lookahead_prefetch does).
+    if (o.lookahead) {
+      const std::size_t first = op == 0 ? 1 : op + o.lookahead;
+      for (std::size_t a = first; a <= op + o.lookahead && a + 1 < starts.size(); ++a) {
+        for (std::uint64_t i = starts[a]; i < starts[a + 1]; ++i) {
+          const std::uint32_t t = ev[i].tensor;
+          if (registered[t] && version[t]) engine.prefetch(id_of(t), Tier::device);
+        }
       }
     }
-    for (const Lease& l : leases) engine.release(l);
+    if (o.op_time) {
+      const auto now = Clock::now();
+      if (now > deadline) {
+        ++rep.overrun_ops;
+        rep.overrun_s += seconds(now - deadline);
+      } else {
+        std::this_thread::sleep_until(deadline);
+        rep.oversleep_s += seconds(Clock::now() - deadline);
+      }
+    }
+    if (this_op.job == 0) {
+      if (rep.iteration_end_s.size() <= this_op.iteration)
+        rep.iteration_end_s.resize(this_op.iteration + 1, 0.0);
+      rep.iteration_end_s[this_op.iteration] = seconds(Clock::now() - t0);
+    }
+    for (const Held& h : leases) engine.release(h.lease);
     for (std::uint32_t t : frees) {
       if (!registered[t]) continue;
       registered[t] = 0;
@@ -236,7 +427,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   retry_removals();
   if (!deferred.empty())
     fail(fmt::format("{} freed tensors could not be removed", deferred.size()));
-  rep.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep.wall_s = seconds(Clock::now() - t0);
   rep.engine = engine.stats();
   rep.device = engine.monitor(Tier::device);
   rep.host = engine.monitor(Tier::host);

@@ -215,6 +215,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer) {
   trace::Trace t;
   workload::generate_train(s.shape, cfg, t);
   const std::vector<sim::Step> steps = sim::build_steps(t);
+  r.trace_events = t.events.size();
 
   const sim::HwProfile& hw = s.hw;
   const double launch = hw.device.launch_overhead.si;
@@ -297,8 +298,11 @@ TrainResult simulate_training(const TrainScenario& s) {
   if (s.policy == "hbm-only" || s.policy == "lru") return simulate_once(s, false);
   if (s.policy == "static-offload") return simulate_once(s, true);
   TrainResult dev = simulate_once(s, false), host = simulate_once(s, true);
-  if (dev.fits && (!host.fits || dev.step_s <= host.step_s)) return dev;
-  return host.fits ? host : dev;
+  TrainResult& best = dev.fits && (!host.fits || dev.step_s <= host.step_s) ? dev
+                      : host.fits                                           ? host
+                                                                            : dev;
+  best.trace_events = dev.trace_events + host.trace_events;
+  return best;
 }
 
 std::vector<workload::ModelShape> llama_family() {

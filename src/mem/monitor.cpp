@@ -37,23 +37,22 @@ void Monitor::record(Tier t, std::uint64_t used, std::uint64_t capacity, std::ui
 
   // Keep one sample per interval (the latest value wins inside an interval),
   // so a burst of small changes does not flood the window.
-  if (!s.any || now_ns >= s.last_sample_ns + config_.sample_interval_ns || s.ring.empty()) {
-    Sample smp{now_ns, used};
-    if (s.ring.size() < config_.max_samples) {
-      s.ring.push_back(smp);
-    } else {
-      s.ring[s.head] = smp;
-      s.head = (s.head + 1) % s.ring.size();
-    }
+  auto x_of = [&s](const Sample& smp) {
+    return static_cast<double>(smp.t_ns - s.origin_ns) * 1e-9;
+  };
+  if (s.window.empty() || now_ns >= s.last_sample_ns + config_.sample_interval_ns) {
+    if (s.window.empty()) s.origin_ns = now_ns;
+    s.window.push_back(Sample{now_ns, used});
+    s.sums.add(x_of(s.window.back()), static_cast<double>(used), 1);
     s.last_sample_ns = now_ns;
-    s.any = true;
   } else {
-    std::size_t newest = s.ring.size() < config_.max_samples
-                             ? s.ring.size() - 1
-                             : (s.head + s.ring.size() - 1) % s.ring.size();
-    s.ring[newest].used = used;
+    Sample& newest = s.window.back();
+    s.sums.add(x_of(newest), static_cast<double>(newest.used), -1);
+    newest.used = used;
+    s.sums.add(x_of(newest), static_cast<double>(used), 1);
   }
-  update_growth(s, now_ns);
+  slide(s, now_ns);
+  update_growth(s);
 
   Level before = r.level;
   r.level = level_of(r.fraction);
@@ -72,18 +71,32 @@ void Monitor::record(Tier t, std::uint64_t used, std::uint64_t capacity, std::ui
 // free must not swing the estimate from minutes to never. Time to OOM is the
 // headroom divided by that slope, and infinite when use is flat or falling
 // or the tier is unbounded.
-void Monitor::update_growth(State& s, std::uint64_t now_ns) const {
-  TierReport& r = s.r;
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  const double t0 = static_cast<double>(now_ns);
-  for (const Sample& smp : s.ring) {
-    if (smp.t_ns + config_.window_ns < now_ns) continue;
-    double x = (static_cast<double>(smp.t_ns) - t0) * 1e-9;
-    double y = static_cast<double>(smp.used);
-    n += 1, sx += x, sy += y, sxx += x * x, sxy += x * y;
+void Monitor::slide(State& s, std::uint64_t now_ns) const {
+  while (!s.window.empty() && (s.window.size() > config_.max_samples ||
+                               s.window.front().t_ns + config_.window_ns < now_ns)) {
+    const Sample old = s.window.front();
+    s.window.pop_front();
+    s.sums.add(static_cast<double>(old.t_ns - s.origin_ns) * 1e-9, static_cast<double>(old.used),
+               -1);
+    if (s.window.empty()) {
+      s.sums = {};  // exact zero, no drift
+      break;
+    }
+    // Move the origin to the new oldest sample: x' = x - c.
+    const double c = static_cast<double>(s.window.front().t_ns - s.origin_ns) * 1e-9;
+    Sums& m = s.sums;
+    m.sxx += -2 * c * m.sx + m.n * c * c;
+    m.sxy -= c * m.sy;
+    m.sx -= m.n * c;
+    s.origin_ns = s.window.front().t_ns;
   }
-  double denom = n * sxx - sx * sx;
-  r.growth_bytes_per_s = (n >= 2 && denom > 0) ? (n * sxy - sx * sy) / denom : 0.0;
+}
+
+void Monitor::update_growth(State& s) const {
+  TierReport& r = s.r;
+  const Sums& m = s.sums;
+  const double denom = m.n * m.sxx - m.sx * m.sx;
+  r.growth_bytes_per_s = (m.n >= 2 && denom > 0) ? (m.n * m.sxy - m.sx * m.sy) / denom : 0.0;
   r.time_to_oom_s = std::numeric_limits<double>::infinity();
   if (r.capacity > 0 && r.growth_bytes_per_s > 0) {
     double headroom = r.used >= r.capacity ? 0.0 : static_cast<double>(r.capacity - r.used);

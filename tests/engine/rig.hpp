@@ -43,6 +43,15 @@ inline std::int64_t first_mismatch(const void* p, std::uint64_t bytes, std::uint
   return -1;
 }
 
+// Writes version `v` of tensor `id` in `tier` through a write lease.
+inline Status write_version(Engine& e, TensorId id, std::uint64_t v, Tier tier) {
+  Lease l;
+  Status s = e.acquire(id, tier, Access::write, &l);
+  if (!mem::ok(s)) return s;
+  fill(l.ptr, l.bytes, id, v);
+  return e.release(l);
+}
+
 struct RigOptions {
   std::uint64_t device = 1 * mem::MiB, host = 4 * mem::MiB, ssd = 0;  // ssd 0 = two tiers
   std::shared_ptr<mem::IoEngine> io;                                  // null: default engine
@@ -95,11 +104,7 @@ struct Rig {
 
   // Writes version `v` of tensor `id` in `tier`.
   Status write(TensorId id, std::uint64_t v, Tier tier = Tier::device) {
-    Lease l;
-    Status s = engine->acquire(id, tier, Access::write, &l);
-    if (!mem::ok(s)) return s;
-    fill(l.ptr, l.bytes, id, v);
-    return engine->release(l);
+    return write_version(*engine, id, v, tier);
   }
   // Reads the tensor in `tier` and checks it holds version `v`.
   ::testing::AssertionResult holds(TensorId id, std::uint64_t v, Tier tier = Tier::device) {

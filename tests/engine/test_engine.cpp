@@ -162,10 +162,7 @@ TEST(EngineManual, DemandOvertakesQueuedPrefetchesAndWritebacks) {
   Engine& e = *rig.engine;
   for (TensorId id : {1, 2, 3}) {
     ASSERT_EQ(e.add(id, 64 * KiB), Status::ok);
-    Lease l;
-    ASSERT_EQ(e.acquire(id, Tier::host, Access::write, &l), Status::ok);
-    testing::fill(l.ptr, l.bytes, id, 0);
-    ASSERT_EQ(e.release(l), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 0, Tier::host), Status::ok);
   }
   ASSERT_EQ(e.prefetch(1, Tier::device), Status::ok);  // starts: the link is free
   ASSERT_EQ(e.prefetch(2, Tier::device), Status::ok);  // queued behind it
@@ -190,10 +187,8 @@ TEST(EngineManual, UpperCopyStaysUntilTheLowerIsConfirmed) {
   ManualRig rig(small(4 * MiB, 16 * MiB));
   Engine& e = *rig.engine;
   ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  ASSERT_EQ(testing::write_version(e, 1, 4, Tier::device), Status::ok);
   Lease l;
-  ASSERT_EQ(e.acquire(1, Tier::device, Access::write, &l), Status::ok);
-  testing::fill(l.ptr, l.bytes, 1, 4);
-  ASSERT_EQ(e.release(l), Status::ok);
 
   ASSERT_EQ(e.evict(1, Tier::device), Status::ok);
   ASSERT_EQ(rig.transport.pending(), 1u);
@@ -230,9 +225,8 @@ TEST(EngineManual, FailedDemandFetchIsReportedAndTheTensorIsLostOnlyWithoutACopy
   ManualRig rig(small(4 * MiB, 16 * MiB));
   Engine& e = *rig.engine;
   ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  ASSERT_EQ(testing::write_version(e, 1, 0, Tier::host), Status::ok);
   Lease l;
-  ASSERT_EQ(e.acquire(1, Tier::host, Access::write, &l), Status::ok);
-  ASSERT_EQ(e.release(l), Status::ok);
   ASSERT_EQ(e.try_acquire(1, Tier::device, Access::read, &l), Status::busy);
   rig.transport.complete(Status::device_failed);
   EXPECT_EQ(e.try_acquire(1, Tier::device, Access::read, &l), Status::device_failed);
@@ -248,10 +242,8 @@ TEST(EngineManual, SsdReadRetriesThenReportsCorruptAndLost) {
   ManualRig rig(c);
   Engine& e = *rig.engine;
   ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  ASSERT_EQ(testing::write_version(e, 1, 1, Tier::host), Status::ok);
   Lease l;
-  ASSERT_EQ(e.acquire(1, Tier::host, Access::write, &l), Status::ok);
-  testing::fill(l.ptr, l.bytes, 1, 1);
-  ASSERT_EQ(e.release(l), Status::ok);
   ASSERT_EQ(e.evict(1, Tier::host), Status::ok);
   EXPECT_EQ(rig.transport.complete().link, Link::h2s);
   EXPECT_FALSE(e.residency(1)->valid[1]);
@@ -277,16 +269,13 @@ TEST(EngineManual, WatermarkEvictionStartsAboveHighAndStopsAtLow) {
   Engine& e = *rig.engine;
   for (TensorId id = 1; id <= 6; ++id) {
     ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
-    Lease l;
-    ASSERT_EQ(e.acquire(id, Tier::device, Access::write, &l), Status::ok);
-    ASSERT_EQ(e.release(l), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
   }
   // 768 KiB = 75%: not above the high watermark yet.
   EXPECT_EQ(rig.transport.pending(), 0u);
   ASSERT_EQ(e.add(7, 128 * KiB), Status::ok);
+  ASSERT_EQ(testing::write_version(e, 7, 0, Tier::device), Status::ok);
   Lease l;
-  ASSERT_EQ(e.acquire(7, Tier::device, Access::write, &l), Status::ok);
-  ASSERT_EQ(e.release(l), Status::ok);
   // 896 KiB > 768 KiB: evict least recently used down to 512 KiB (3 tensors).
   EXPECT_EQ(rig.transport.pending(), 2u);  // d2h has two slots; the third is queued
   EXPECT_EQ(rig.transport.started[0].tensor, 1u);
@@ -312,9 +301,7 @@ TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
   });
   for (TensorId id = 1; id <= 7; ++id) {
     ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
-    Lease l;
-    ASSERT_EQ(e.acquire(id, Tier::device, Access::write, &l), Status::ok);
-    ASSERT_EQ(e.release(l), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
   }
   ASSERT_EQ(rig.transport.pending(), 3u);
   EXPECT_EQ(rig.transport.started[0].tensor, 6u);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -162,11 +163,27 @@ class Engine {
     Tier to;     // the tier the data goes to
     bool evict;  // drop the source copy once the destination is confirmed
     unsigned attempt;
+    std::uint64_t bytes;  // the tensor's size when queued
   };
   struct LinkQueue {
     std::deque<Job> q[kNumPriorities];
     unsigned in_flight = 0;
+    std::uint64_t bytes = 0;  // of the queued jobs (stale ones too: an upper bound)
     bool empty() const { return q[0].empty() && q[1].empty() && q[2].empty(); }
+    void push_back(const Job& j) {
+      q[static_cast<int>(j.prio)].push_back(j);
+      bytes += j.bytes;
+    }
+    void push_front(const Job& j) {
+      q[static_cast<int>(j.prio)].push_front(j);
+      bytes += j.bytes;
+    }
+    Job pop(int prio) {
+      Job j = q[prio].front();
+      q[prio].pop_front();
+      bytes -= j.bytes;
+      return j;
+    }
   };
   struct Running {
     Job job;
@@ -179,6 +196,7 @@ class Engine {
     std::vector<TensorId> ssd_erases;
   };
 
+  Status acquire_entry(TensorId id, Tier tier, Access access, Lease* out, bool block);
   Status acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
                         Lease* out, bool block, Actions& act);
   bool grantable(const Entry& e, Tier tier, Access access) const;
@@ -208,7 +226,8 @@ class Engine {
   const Clock& clock_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // any state change a waiter may care about
+  std::atomic<int> callbacks_{0};  // completion callbacks still running
+  std::condition_variable cv_;     // any state change a waiter may care about
   std::unordered_map<TensorId, std::unique_ptr<Entry>> entries_;
   std::list<Entry*> lru_[2];  // device, host: least recently used first
   std::array<LinkQueue, kNumLinks> links_{};

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "u3m/engine/engine.hpp"
 #include "u3m/mem/pool.hpp"
@@ -28,6 +29,14 @@ struct ReplayOptions {
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
   bool expandable_segments = true;
   std::uint64_t max_events = 0;  // 0 = all
+  // Seconds of device compute per op (Note [Compute in replay]); empty = none:
+  // the replay runs as fast as the memory stack lets it.
+  std::function<double(const trace::Op&)> op_time;
+  // Bytes between the 8-byte words written and checked: 8 = every byte.
+  // Larger strides sample (every stride-th word plus the last word and the
+  // tail), which still catches a stale version or another tensor's data in
+  // every sampled word, for timed runs whose checks would outlast the ops.
+  std::uint64_t check_stride = 8;
 };
 
 struct ReplayReport {
@@ -38,6 +47,18 @@ struct ReplayReport {
   std::uint64_t errors = 0;  // acquires that failed
   std::string first_error;
   double wall_s = 0;
+  // Wall time, from the start of the replay, at which each iteration of job 0
+  // finished its last op (index = trace::Op::iteration), like
+  // sim::SimReport::iteration_end_ns, so "step time" means the same on both.
+  std::vector<double> iteration_end_s;
+  double stall_s = 0;    // time spent in acquire (waiting for data or room)
+  double compute_s = 0;  // sum of op_time over the ops run
+  // Ops whose own CPU work (data checks and fills, prefetch calls) outlasted
+  // their compute time, and by how much in all: time the replay added that a
+  // device would not.
+  std::uint64_t overrun_ops = 0;
+  double overrun_s = 0;
+  double oversleep_s = 0;  // summed lateness of the compute wait's wake-ups
   EngineStats engine;
   mem::TierReport device, host;
   mem::PoolStats pool;
@@ -51,6 +72,14 @@ using ReplayProgress = std::function<void(std::uint64_t, std::uint64_t)>;
 // an SSD directory that cannot hold the store).
 ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& options,
                           const ReplayProgress& progress = {});
+
+// The fixed cost of one host<->device transfer on the stack a replay with
+// these options builds (device-emu with its throttle, the transport, their
+// threads and timer slack): the median round trip of `bytes`-sized
+// transfers, alternating h2d and d2h, each issued alone, minus bytes / rate.
+// A measurement for the simulator's link latency (the sim-versus-real check).
+double transfer_overhead_s(const ReplayOptions& options, std::uint64_t bytes = 4096,
+                           int reps = 200);
 
 // The most bytes live at once over the trace (alloc/free events; tensors
 // never allocated count from their first use to the end).

@@ -40,10 +40,11 @@ struct TrainResult {
   double ideal_step_s = 0;      // the same step with infinite HBM, ops on the device
   double loss = 0;              // 1 - ideal / step
   double tokens_per_s = 0;      // all cards
-  double stall_s = 0;           // in the reported step... over the run
+  double stall_s = 0;           // compute waited for data, over the whole run
   double hidden_fraction = 0;   // transfer time overlapped with compute
   bool optimizer_on_host = false;
-  sim::SimReport sim;  // the whole run
+  sim::SimReport sim;              // the whole run
+  std::uint64_t trace_events = 0;  // trace events simulated (all simulations run for this result)
 };
 
 TrainResult simulate_training(const TrainScenario& s);

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <string_view>
@@ -60,15 +61,24 @@ class Monitor {
   struct Sample {
     std::uint64_t t_ns, used;
   };
+  // Running least-squares sums over the window, x in seconds from origin_ns
+  // (the oldest sample's time), so each update is O(1).
+  struct Sums {
+    double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    void add(double x, double y, double sign) {
+      n += sign, sx += sign * x, sy += sign * y, sxx += sign * x * x, sxy += sign * x * y;
+    }
+  };
   struct State {
     TierReport r;
-    std::vector<Sample> ring;  // circular, oldest at head once full
-    std::size_t head = 0;
+    std::deque<Sample> window;  // oldest first
+    std::uint64_t origin_ns = 0;
+    Sums sums;
     std::uint64_t last_sample_ns = 0;
-    bool any = false;
   };
   Level level_of(double fraction) const;
-  void update_growth(State& s, std::uint64_t now_ns) const;
+  void slide(State& s, std::uint64_t now_ns) const;  // drops samples that left the window
+  void update_growth(State& s) const;
 
   MonitorConfig config_;
   std::array<State, kNumTiers> tiers_;

@@ -1,0 +1,295 @@
+// The block manager of the tiered paged KV cache (issue 6; docs/kv.md).
+//
+// Decision code only: it never reads a clock and never touches a device. It
+// decides which physical block holds which request's KV, in which tier (HBM,
+// DRAM, SSD), what is shared, what is evicted, and which requests wait; it
+// reports every allocation, move and free as an Action that its driver carries
+// out (the serving simulator books the bytes on modelled links; the real
+// runtime mirrors them as engine tensors). The Note [...] blocks in
+// src/kv/block_manager.cpp give the reasons.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "u3m/mem/status.hpp"
+#include "u3m/workload/request_trace.hpp"
+#include "u3m/workload/shape.hpp"
+
+namespace u3m::kv {
+
+using mem::Tier;
+inline constexpr int kTiers = 3;  // device (HBM), host (DRAM), ssd
+
+// Note [Block = layer group x token block] in block_manager.cpp.
+struct KvGeometry {
+  std::uint32_t block_tokens = 128;
+  std::uint32_t layers = 0;
+  std::uint32_t layers_per_group = 4;
+  std::uint64_t bytes_per_token_layer = 0;  // K and V of one token in one layer
+  // Recompute cost model for PGDSF, in FLOPs: a token of a layer costs
+  // linear_flops + attn_flops_per_ctx * (tokens before it).
+  double linear_flops = 0;
+  double attn_flops_per_ctx = 0;
+
+  std::uint32_t groups() const;                       // ceil(layers / layers_per_group)
+  std::uint32_t group_layers(std::uint32_t g) const;  // the last group may be smaller
+  std::uint64_t group_bytes(std::uint32_t g) const;   // bytes group g's slot really holds
+  // A slot (one physical block) is sized for a full group, so every slot of a
+  // tier is interchangeable; a smaller last group leaves part of its slot unused.
+  std::uint64_t slot_bytes() const;
+  std::uint64_t token_block_bytes() const;  // all groups of one token block
+  // FLOPs to recompute token block `index` (0-based) for all layers.
+  double recompute_flops(std::uint32_t index) const;
+  void validate() const;  // throws InputError naming the field
+
+  // From a model: bytes_per_token_layer = 2 * kv_heads * head_dim * dtype_bytes
+  // (workload::analytic::kv_bytes_per_token / layers).
+  static KvGeometry of(const workload::ModelShape& m, std::uint32_t block_tokens,
+                       std::uint32_t layers_per_group = 4, std::uint32_t dtype_bytes = 2);
+};
+
+enum class EvictionPolicy : std::uint8_t { lru, lfu, pgdsf };
+std::string_view to_string(EvictionPolicy p);
+// "lru", "lfu" (LFU with exponential aging), "pgdsf"; InputError naming `where` and the choices.
+EvictionPolicy parse_eviction_policy(std::string_view name, std::string_view where);
+
+struct KvConfig {
+  KvGeometry geometry;
+  std::array<std::uint64_t, kTiers> capacity_slots{};  // per tier; device must be > 0
+  // Home tier of each layer group (size geometry.groups(), device or host).
+  // Empty: the design's default, default_homes(groups, 4 layers).
+  std::vector<Tier> home;
+  // Note [Overcommit]: referenced slots <= overcommit * capacity_slots[device]; 0 = no cap.
+  double overcommit = 1.5;
+  EvictionPolicy policy = EvictionPolicy::lru;
+  double lfu_half_life = 1000;  // admissions; Note [Eviction order]
+  // Slots pinned prefixes may hold at most (Note [Pinned prefixes]); 0 = pinning off.
+  std::uint64_t pin_budget_slots = 0;
+  // Note [DRAM emergency]: host use above high raises it, at or below low clears it.
+  double emergency_high = 0.95, emergency_low = 0.90;
+  // Per-request KV for the queue limit before any request was admitted.
+  std::uint64_t expected_request_tokens = 2048;
+  std::uint64_t min_queue = 1;  // the queue limit never goes below this
+
+  void validate() const;            // throws InputError naming the field
+  std::vector<Tier> homes() const;  // `home`, or the default when empty
+  // The design's default: groups holding the first `hbm_layers` layers live in
+  // HBM, the rest in DRAM (a group straddling the boundary goes to HBM).
+  static std::vector<Tier> default_homes(const KvGeometry& g, std::uint32_t hbm_layers = 4);
+};
+
+// Content-addressed keys of a prompt's full blocks (Note [Block keys]).
+std::vector<std::uint64_t> block_keys(const std::vector<workload::PromptSegment>& prompt,
+                                      std::uint32_t block_tokens);
+
+using RequestId = std::uint64_t;
+using TokenBlockId = std::uint64_t;  // serial, never reused
+using BlockId = std::uint64_t;       // one physical block: token block and layer group
+inline constexpr std::uint32_t kMaxGroups = 256;
+constexpr BlockId block_id(TokenBlockId tb, std::uint32_t group) {
+  return tb * kMaxGroups + group;
+}
+
+// What the driver must carry out, in order.
+struct Action {
+  enum class Kind : std::uint8_t { allocate, move, free };
+  enum class Reason : std::uint8_t { admit, evict, promote, spill, finish };
+  Kind kind = Kind::allocate;
+  Reason reason = Reason::admit;
+  BlockId block = 0;
+  Tier from = Tier::device;  // move, free
+  Tier to = Tier::device;    // allocate, move
+  std::uint64_t bytes = 0;   // the group's real bytes
+  bool operator==(const Action&) const = default;
+};
+std::string_view to_string(Action::Kind k);
+std::string_view to_string(Action::Reason r);
+
+struct Admission {
+  RequestId id = 0;
+  std::uint32_t blocks = 0;                       // token blocks of prompt + output
+  std::uint32_t prompt_full_blocks = 0;           // shareable ones
+  std::uint32_t hit_blocks = 0;                   // leading full blocks found cached
+  std::uint64_t hit_tokens = 0;                   // hit_blocks * block_tokens
+  std::uint32_t hit_blocks_by_tier[kTiers] = {};  // by the lowest tier a slot was in
+  std::uint32_t adopted_blocks = 0;  // cached blocks after a miss (Note [Adopted blocks])
+  std::uint32_t new_blocks = 0;      // full prompt blocks created (now cached)
+  std::uint32_t private_blocks = 0;  // the partial last block and decode blocks
+  std::uint32_t promoted_slots = 0;  // moved up from SSD for this request
+};
+
+enum class SubmitResult : std::uint8_t {
+  admitted,
+  queued,
+  refused_queue_full,  // the caller still owns the request and may submit it again
+  too_large,           // can never fit, even alone (Note [Never lost])
+};
+std::string_view to_string(SubmitResult r);
+
+struct TierUse {
+  std::uint64_t capacity = 0, used = 0;
+  std::uint64_t locked = 0;  // slots of referenced or pinned blocks: not evictable
+  std::uint64_t peak = 0;
+};
+
+struct KvAlert {
+  bool emergency = false;                // true: entered, false: left
+  std::uint64_t used = 0, capacity = 0;  // host slots
+};
+
+struct KvStats {
+  std::uint64_t submitted = 0, admitted = 0, queued = 0, refused_queue_full = 0,
+                refused_too_large = 0, finished = 0;
+  std::uint64_t prompt_tokens = 0;  // of admitted requests
+  std::uint64_t lookup_blocks = 0;  // full prompt blocks looked up
+  std::uint64_t hit_blocks = 0, hit_tokens = 0, adopted_blocks = 0;
+  std::uint64_t hit_blocks_by_tier[kTiers] = {};
+  std::uint64_t new_blocks = 0, private_blocks = 0;
+  std::uint64_t promoted_slots = 0;
+  std::uint64_t demoted_slots[kTiers] = {};  // by the tier they left
+  std::uint64_t dropped_blocks = 0;          // cached token blocks forgotten
+  std::uint64_t spilled_slots = 0, spilled_bytes = 0;
+  std::uint64_t alerts = 0;  // emergency entries
+  std::uint64_t peak_referenced_slots = 0, peak_running = 0, peak_queue = 0;
+};
+
+class BlockManager {
+ public:
+  explicit BlockManager(KvConfig config);  // validates
+
+  // A new request: admitted now if nothing waits ahead of it and it fits,
+  // else queued if the queue has room (Note [Admission queue]).
+  SubmitResult submit(RequestId id, const workload::ServeRequest& r, Admission* out = nullptr);
+  // The request is done: its private blocks are freed, its prompt blocks stay
+  // cached. Then queued requests are admitted in order while they fit; their
+  // admissions are returned. invalid_argument for an unknown id.
+  std::vector<Admission> finish(RequestId id);
+
+  // Note [DRAM emergency]: moves cold DRAM blocks to SSD, at most budget_bytes
+  // (the driver gives rate * elapsed time, ~1 GB/s). Returns bytes moved.
+  std::uint64_t spill(std::uint64_t budget_bytes);
+
+  // Pins the full blocks of this prompt prefix (Note [Pinned prefixes]),
+  // now and whenever they are created. false (nothing pinned) if the pin
+  // budget would be exceeded.
+  bool pin_prefix(const std::vector<workload::PromptSegment>& prefix);
+
+  // Leading full blocks of this prompt that are cached now (no side effects).
+  std::uint32_t cached_prefix_blocks(const workload::ServeRequest& r) const;
+
+  // The request's block table: token block i -> its token block id; physical
+  // block of group g = block_id(tb, g), in tier slot_tier(tb, g).
+  const std::vector<TokenBlockId>& table(RequestId id) const;
+  Tier slot_tier(TokenBlockId tb, std::uint32_t group) const;
+  // What compute reads for this request, per layer group: slots in each tier
+  // (decode fetches only its own blocks; layer-wise prefetch goes group by group).
+  std::vector<std::array<std::uint32_t, kTiers>> slots_by_group(RequestId id) const;
+
+  std::vector<Action> take_actions();  // the driver's work since the last call
+  void on_alert(std::function<void(const KvAlert&)> fn) { alert_ = std::move(fn); }
+
+  bool running(RequestId id) const { return requests_.contains(id); }
+  std::size_t running_count() const { return requests_.size(); }
+  std::size_t queue_length() const { return queue_.size(); }
+  std::vector<RequestId> queued_ids() const;
+  std::uint64_t queue_limit() const;  // Note [Admission queue]
+  bool emergency() const { return emergency_; }
+  TierUse use(Tier t) const;
+  std::uint64_t referenced_slots() const { return referenced_slots_; }
+  std::uint64_t overcommit_limit_slots() const;  // 0: none
+  std::size_t cached_blocks() const { return cache_.size(); }
+  const KvStats& stats() const { return st_; }
+  const KvConfig& config() const { return cfg_; }
+
+  // Recomputes every counter from the blocks; throws std::logic_error on a mismatch.
+  void check_invariants() const;
+
+ private:
+  struct TokenBlock {
+    std::uint64_t key = 0;  // chain key; meaningful when cached
+    bool cached = false;    // in cache_ (a full prompt block); else private
+    bool pinned = false;
+    std::uint32_t index = 0;      // position in the sequence
+    std::uint32_t refs = 0;       // running requests using it
+    std::uint64_t freq = 0;       // uses (PGDSF)
+    double decayed = 0;           // LFU: uses, halved every lfu_half_life ticks
+    std::uint64_t last_tick = 0;  // LFU: when `decayed` was last updated
+    double prio = 0;              // eviction priority: lower goes first
+    std::vector<Tier> tier;       // per group
+  };
+  struct Victim {  // one evictable slot
+    double prio;
+    std::uint32_t index;
+    TokenBlockId tb;
+    std::uint32_t group;
+    bool operator<(const Victim& o) const;
+  };
+  struct Pending {
+    RequestId id;
+    std::vector<std::uint64_t> keys;  // full prompt blocks
+    std::uint64_t prompt_tokens;
+    std::uint32_t blocks;  // prompt + output
+  };
+  struct Need {
+    std::uint64_t mem_slots = 0;  // new locks in HBM + DRAM
+    std::uint64_t new_refs = 0;   // slots that become referenced
+  };
+
+  Pending make_pending(RequestId id, const workload::ServeRequest& r) const;
+  bool too_large(const Pending& p) const;
+  Need need_of(const Pending& p) const;
+  bool fits(const Pending& p) const;
+  Admission admit(const Pending& p);
+  void admit_queued(std::vector<Admission>& out);
+  void touch(const std::vector<TokenBlockId>& chain);
+
+  TokenBlockId create(std::uint32_t index, bool cached, std::uint64_t key);
+  Tier take_slot(std::uint32_t g);  // a free memory slot for group g, evicting if needed
+  void place(TokenBlockId tb, std::uint32_t g, Action::Reason why);  // promote from SSD
+  bool make_room(Tier t, std::uint64_t n);
+  void evict_slot(const Victim& v, Tier t);
+  void move_slot(TokenBlockId tb, std::uint32_t g, Tier to, Action::Reason why);
+  void drop(TokenBlockId tb, Action::Reason why);
+  void ref(TokenBlock& b, TokenBlockId id);
+  void unref(TokenBlock& b, TokenBlockId id);
+  bool evictable(const TokenBlock& b) const { return b.cached && b.refs == 0 && !b.pinned; }
+  void list(const TokenBlock& b, TokenBlockId id);
+  void unlist(const TokenBlock& b, TokenBlockId id);
+  bool locked(const TokenBlock& b) const { return b.refs > 0 || b.pinned; }
+  void lock_delta(const TokenBlock& b, int delta);  // b's slots become (un)locked
+  std::uint64_t free_slots(Tier t) const { return cap_[idx(t)] - used_[idx(t)]; }
+  std::uint64_t mem_capacity() const { return cap_[0] + cap_[1]; }
+  std::uint64_t per_request_slots() const;
+  void check_emergency();
+  static int idx(Tier t) { return static_cast<int>(t); }
+
+  KvConfig cfg_;
+  std::uint32_t groups_;
+  std::vector<Tier> homes_;
+  std::array<std::uint64_t, kTiers> cap_{}, used_{}, locked_{}, peak_{};
+  std::uint64_t referenced_slots_ = 0;
+  std::unordered_map<TokenBlockId, TokenBlock> blocks_;
+  std::unordered_map<std::uint64_t, TokenBlockId> cache_;  // chain key -> block
+  std::unordered_set<std::uint64_t> pins_;                 // pinned chain keys
+  std::array<std::set<Victim>, kTiers> victims_;
+  std::unordered_map<RequestId, std::vector<TokenBlockId>> requests_;
+  std::deque<Pending> queue_;
+  std::vector<Action> actions_;
+  TokenBlockId next_tb_ = 1;
+  double clock_ = 0;                  // PGDSF aging: the priority of the last block dropped
+  std::uint64_t tick_ = 0;            // one per admission: LRU recency, LFU decay
+  std::uint64_t admitted_slots_ = 0;  // sum of admitted requests' slots, for the mean
+  bool emergency_ = false;
+  std::function<void(const KvAlert&)> alert_;
+  KvStats st_;
+};
+
+}  // namespace u3m::kv

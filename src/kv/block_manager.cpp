@@ -1,0 +1,804 @@
+#include "u3m/kv/block_manager.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "u3m/util/error.hpp"
+#include "u3m/workload/analytic.hpp"
+
+namespace u3m::kv {
+
+// Note [Block = layer group x token block]
+// A physical block holds the K and V of `block_tokens` tokens for one group of
+// `layers_per_group` consecutive layers (default 4), not for all layers. The
+// design's default placement ("the first 4 layers' KV in HBM, the rest in
+// DRAM") is then just a home tier per group, layer-wise prefetch moves one
+// group ahead of compute, and a request can sit partly in HBM and partly in
+// DRAM. All slots have one size (a full group), so each tier is a pool of
+// interchangeable slots counted in blocks, as in vLLM; a smaller last group
+// wastes the rest of its slot (none for the presets: 40 and 32 layers). A
+// token block is shared, cached, pinned and dropped as a whole (a prefix hit
+// needs every layer); its group slots are placed and moved one by one.
+//
+// Note [Block keys]
+// Full block i covers prompt tokens [i*B, (i+1)*B). Its content id lists the
+// pieces of segments covering it: (segment id, offset in the segment, length).
+// key(i) = xxh64(content id, seed = key(i-1)), key(-1) = 0. Equal ids mean
+// equal content (docs/requests.md), so two prompts get the same key for block
+// i exactly when their first (i+1)*B tokens come from the same segment chain:
+// sharing follows the chain, like workload::chain_keys, at block granularity.
+// Only full blocks are shareable; the partial last block and decode blocks are
+// private to the request and freed when it finishes.
+//
+// Note [Block-granular vs segment-granular hits]
+// With nothing evicted, a request's block hit tokens are exactly
+// B * floor(H / B), where H is the hit tokens of workload::PrefixCache
+// (unbounded) on the same requests in the same order. Proof sketch: H covers
+// segments 0..j; an earlier prompt held those segments, so every block inside
+// [0, H) was full in it and has our key: hit >= B*floor(H/B). A block hit on
+// [a, a+B) means an earlier prompt had the segments covering [0, a+B), so
+// segment j' holding token a+B-1 had a resident chain key and H >= a+B: hit
+// <= H, and hits are multiples of B. Tested on RAG and Mooncake requests.
+//
+// Note [Eviction order]
+// Only cached blocks that no running request references and that are not
+// pinned are victims; each tier keeps its own ordered set of such slots.
+// Each policy gives a priority when a request touches a block (at admission);
+// lower goes first:
+//   lru    the admission tick;
+//   lfu    LFU with exponential aging (LRFU, Lee et al. 2001): each use adds
+//          1 to a count that halves every `lfu_half_life` admissions; the
+//          priority log2(count) + tick / half_life orders blocks by their
+//          decayed counts and never needs re-sorting. A block used f times
+//          outlives one-off scan blocks for log2(f) half-lives after its last
+//          use: scan-resistant, yet old favourites age out;
+//   pgdsf  RAGCache's PGDSF: clock + frequency * cost / size, cost = FLOPs to
+//          recompute the block (attention grows with its position), size =
+//          the token block's bytes.
+// A prefix then takes the highest priority of the extensions touched with it
+// (a block never ranks below its suffix) and ties go deepest first, so a
+// prefix always outlives its extensions: dropping a prefix would strand its
+// children, which no lookup reaches. This is RAGCache's "evict leaves only",
+// without a tree: an expensive deep chain also protects its cheap prefix.
+// PGDSF's clock advances only when a block leaves the cache (a drop), not on
+// a demotion, so with one tier it is exactly GDSF.
+//
+// Note [Tiers and moves]
+// Victims leave a tier downwards: HBM -> DRAM -> SSD -> dropped (a tier with
+// no capacity is skipped). Making room below may cascade, at most two levels.
+// Blocks a running request references never rest on SSD: an SSD hit is
+// promoted to a memory tier at admission (compute reads HBM or DRAM, with
+// DRAM blocks streamed layer group by layer group). New slots go to the
+// group's home tier, else to the other memory tier (HBM first).
+//
+// Note [Overcommit]
+// "Logical KV up to 1.5x HBM" is, precisely: the slots of token blocks that
+// running requests reference (prompt and every decode block they will write,
+// reserved at admission; a shared block counted once; cached unreferenced and
+// pinned-only blocks excluded, being reclaimable or bounded separately) stay
+// <= overcommit * HBM capacity in slots. Physically they must also fit HBM +
+// DRAM. With overcommit = 1 and no DRAM this is the HBM-only baseline.
+//
+// Note [Admission queue]
+// A request is admitted when nothing is queued ahead of it and both bounds
+// hold after it: locked slots (referenced or pinned) in HBM + DRAM <= their
+// capacity, and Note [Overcommit]. Admission reserves all its blocks (prompt
+// + output_tokens), so an admitted request always finishes and is never
+// preempted. Otherwise it waits in a FIFO queue whose limit is
+// max(min_queue, free DRAM slots / mean slots per request), free = capacity
+// minus locked slots (cached blocks count as free: they are evicted on
+// demand); with no DRAM tier, HBM's. The mean is over admitted requests
+// (expected_request_tokens before the first).
+//
+// Note [Never lost]
+// submit() always answers: admitted, queued, refused_queue_full (the caller
+// still holds the request and may retry) or too_large (its slots plus the pin
+// budget exceed HBM + DRAM, or its slots exceed the overcommit cap: it could
+// not run even alone). A queued request is not too large, so once the running
+// requests finish it fits (locked slots are then at most the pin budget) and
+// is admitted; finish() returns those admissions in queue order.
+//
+// Note [Pinned prefixes]
+// pin_prefix marks chain keys: their blocks are never victims (never demoted
+// or dropped), now or when created later. Pinned keys times groups may not
+// exceed pin_budget_slots, which too_large reserves, so pins never strand a
+// queued request.
+//
+// Note [DRAM emergency]
+// DRAM use (all occupied slots, cached included) above emergency_high (95%)
+// raises the emergency flag and calls the alert; at or below emergency_low it
+// clears (alert again). While raised, spill(budget) moves the coldest DRAM
+// victims to SSD, at most budget bytes: the driver passes rate * elapsed time
+// (~1 GB/s, MISSION.md), so serving I/O is not starved. Spills are moves with
+// reason `spill`; the driver may also cap its h2s link (Engine::set_link_rate).
+//
+// Note [Adopted blocks]
+// A cached block after a prompt's first miss (its prefix was dropped before
+// it) holds valid KV: the request references it rather than storing a twin,
+// but it is not counted as a hit (the prefix before it is recomputed).
+
+namespace {
+constexpr Tier kTierOf[kTiers] = {Tier::device, Tier::host, Tier::ssd};
+
+void append_u32(std::string& buf, std::uint32_t v) {
+  buf.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+}  // namespace
+
+// ---------------------------------------------------------------- geometry
+
+std::uint32_t KvGeometry::groups() const {
+  return layers_per_group ? (layers + layers_per_group - 1) / layers_per_group : 0;
+}
+std::uint32_t KvGeometry::group_layers(std::uint32_t g) const {
+  return std::min(layers_per_group, layers - g * layers_per_group);
+}
+std::uint64_t KvGeometry::group_bytes(std::uint32_t g) const {
+  return std::uint64_t{group_layers(g)} * bytes_per_token_layer * block_tokens;
+}
+std::uint64_t KvGeometry::slot_bytes() const {
+  return std::uint64_t{layers_per_group} * bytes_per_token_layer * block_tokens;
+}
+std::uint64_t KvGeometry::token_block_bytes() const {
+  return std::uint64_t{layers} * bytes_per_token_layer * block_tokens;
+}
+double KvGeometry::recompute_flops(std::uint32_t index) const {
+  const double ctx = static_cast<double>(index) * block_tokens + (block_tokens - 1) / 2.0;
+  return static_cast<double>(block_tokens) * layers * (linear_flops + attn_flops_per_ctx * ctx);
+}
+void KvGeometry::validate() const {
+  if (block_tokens == 0) input_error("kv geometry", "field 'block_tokens': must be >= 1");
+  if (layers == 0) input_error("kv geometry", "field 'layers': must be >= 1");
+  if (layers_per_group == 0 || layers_per_group > layers)
+    input_error("kv geometry", "field 'layers_per_group': {} not in 1..{}", layers_per_group,
+                layers);
+  if (groups() > kMaxGroups)
+    input_error("kv geometry", "field 'layers_per_group': {} groups, at most {}", groups(),
+                kMaxGroups);
+  if (bytes_per_token_layer == 0)
+    input_error("kv geometry", "field 'bytes_per_token_layer': must be >= 1");
+}
+
+KvGeometry KvGeometry::of(const workload::ModelShape& m, std::uint32_t block_tokens,
+                          std::uint32_t layers_per_group, std::uint32_t dtype_bytes) {
+  KvGeometry g;
+  g.block_tokens = block_tokens;
+  g.layers = m.layers;
+  g.layers_per_group = std::min(layers_per_group, m.layers);
+  g.bytes_per_token_layer =
+      m.layers ? workload::analytic::kv_bytes_per_token(m, dtype_bytes) / m.layers : 0;
+  g.linear_flops = 2.0 * static_cast<double>(workload::analytic::layer_param_count(m));
+  g.attn_flops_per_ctx = 4.0 * m.heads * m.head_dim();  // QK^T and AV, 2 FLOPs per MAC
+  g.validate();
+  return g;
+}
+
+// ---------------------------------------------------------------- names
+
+std::string_view to_string(EvictionPolicy p) {
+  switch (p) {
+    case EvictionPolicy::lru:
+      return "lru";
+    case EvictionPolicy::lfu:
+      return "lfu";
+    case EvictionPolicy::pgdsf:
+      return "pgdsf";
+  }
+  return "?";
+}
+
+EvictionPolicy parse_eviction_policy(std::string_view name, std::string_view where) {
+  for (auto p : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf})
+    if (name == to_string(p)) return p;
+  input_error(where, "unknown eviction policy '{}' (choices: lru, lfu, pgdsf)", name);
+}
+
+std::string_view to_string(Action::Kind k) {
+  switch (k) {
+    case Action::Kind::allocate:
+      return "allocate";
+    case Action::Kind::move:
+      return "move";
+    case Action::Kind::free:
+      return "free";
+  }
+  return "?";
+}
+std::string_view to_string(Action::Reason r) {
+  switch (r) {
+    case Action::Reason::admit:
+      return "admit";
+    case Action::Reason::evict:
+      return "evict";
+    case Action::Reason::promote:
+      return "promote";
+    case Action::Reason::spill:
+      return "spill";
+    case Action::Reason::finish:
+      return "finish";
+  }
+  return "?";
+}
+std::string_view to_string(SubmitResult r) {
+  switch (r) {
+    case SubmitResult::admitted:
+      return "admitted";
+    case SubmitResult::queued:
+      return "queued";
+    case SubmitResult::refused_queue_full:
+      return "refused_queue_full";
+    case SubmitResult::too_large:
+      return "too_large";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- config
+
+std::vector<Tier> KvConfig::default_homes(const KvGeometry& g, std::uint32_t hbm_layers) {
+  std::vector<Tier> h(g.groups(), Tier::host);
+  for (std::uint32_t i = 0; i < g.groups(); ++i)
+    if (i * g.layers_per_group < hbm_layers) h[i] = Tier::device;
+  return h;
+}
+
+std::vector<Tier> KvConfig::homes() const {
+  return home.empty() ? default_homes(geometry) : home;
+}
+
+void KvConfig::validate() const {
+  geometry.validate();
+  if (capacity_slots[0] == 0)
+    input_error("kv config", "field 'capacity_slots[device]': must be >= 1");
+  if (!home.empty() && home.size() != geometry.groups())
+    input_error("kv config", "field 'home': {} entries for {} layer groups", home.size(),
+                geometry.groups());
+  const std::vector<Tier> h = homes();
+  for (std::size_t g = 0; g < h.size(); ++g) {
+    if (h[g] == Tier::ssd)
+      input_error("kv config", "field 'home[{}]': KV in use lives in HBM or DRAM, not SSD", g);
+    if (capacity_slots[static_cast<int>(h[g])] == 0)
+      input_error("kv config", "field 'home[{}]': tier {} has no capacity", g,
+                  mem::to_string(h[g]));
+  }
+  if (!(overcommit >= 0) || !std::isfinite(overcommit))
+    input_error("kv config", "field 'overcommit': {} must be finite and >= 0", overcommit);
+  if (!(emergency_low > 0 && emergency_low <= emergency_high && emergency_high <= 1))
+    input_error("kv config",
+                "fields 'emergency_low' {} / 'emergency_high' {}: need 0 < low <= high <= 1",
+                emergency_low, emergency_high);
+  if (!(lfu_half_life > 0) || !std::isfinite(lfu_half_life))
+    input_error("kv config", "field 'lfu_half_life': {} must be finite and > 0", lfu_half_life);
+  if (expected_request_tokens == 0)
+    input_error("kv config", "field 'expected_request_tokens': must be >= 1");
+}
+
+// ---------------------------------------------------------------- keys
+
+std::vector<std::uint64_t> block_keys(const std::vector<workload::PromptSegment>& prompt,
+                                      std::uint32_t block_tokens) {
+  std::vector<std::uint64_t> keys;
+  std::string buf;
+  std::uint64_t parent = 0;
+  std::uint32_t filled = 0;  // tokens of the current block so far
+  for (const workload::PromptSegment& s : prompt) {
+    std::uint32_t off = 0;
+    while (off < s.tokens) {
+      const std::uint32_t take = std::min(s.tokens - off, block_tokens - filled);
+      append_u32(buf, static_cast<std::uint32_t>(s.id.size()));
+      buf += s.id;
+      append_u32(buf, off);
+      append_u32(buf, take);
+      off += take;
+      filled += take;
+      if (filled == block_tokens) {
+        parent = XXH64(buf.data(), buf.size(), parent);
+        keys.push_back(parent);
+        buf.clear();
+        filled = 0;
+      }
+    }
+  }
+  return keys;
+}
+
+// ---------------------------------------------------------------- manager
+
+bool BlockManager::Victim::operator<(const Victim& o) const {
+  if (prio != o.prio) return prio < o.prio;
+  if (index != o.index) return index > o.index;  // deepest first
+  if (tb != o.tb) return tb < o.tb;              // then the older
+  return group < o.group;
+}
+
+BlockManager::BlockManager(KvConfig config) : cfg_(std::move(config)) {
+  cfg_.validate();
+  groups_ = cfg_.geometry.groups();
+  homes_ = cfg_.homes();
+  cap_ = cfg_.capacity_slots;
+}
+
+BlockManager::Pending BlockManager::make_pending(RequestId id,
+                                                 const workload::ServeRequest& r) const {
+  Pending p;
+  p.id = id;
+  p.keys = block_keys(r.prompt, cfg_.geometry.block_tokens);
+  p.prompt_tokens = r.prompt_tokens();
+  const std::uint64_t total = p.prompt_tokens + r.output_tokens;
+  const std::uint64_t bt = cfg_.geometry.block_tokens;
+  const std::uint64_t blocks = (total + bt - 1) / bt;
+  if (blocks > std::numeric_limits<std::uint32_t>::max())
+    throw std::invalid_argument(fmt::format("kv: request {} needs {} blocks", id, blocks));
+  p.blocks = static_cast<std::uint32_t>(blocks);
+  return p;
+}
+
+std::uint64_t BlockManager::overcommit_limit_slots() const {
+  if (cfg_.overcommit <= 0) return 0;
+  return static_cast<std::uint64_t>(cfg_.overcommit * static_cast<double>(cap_[0]));
+}
+
+bool BlockManager::too_large(const Pending& p) const {
+  const std::uint64_t slots = std::uint64_t{p.blocks} * groups_;
+  const std::uint64_t limit = overcommit_limit_slots();
+  return slots + cfg_.pin_budget_slots > mem_capacity() || (limit && slots > limit);
+}
+
+BlockManager::Need BlockManager::need_of(const Pending& p) const {
+  Need n;
+  for (std::uint64_t key : p.keys) {
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      n.mem_slots += groups_;
+      n.new_refs += groups_;
+      continue;
+    }
+    const TokenBlock& b = blocks_.at(it->second);
+    for (Tier t : b.tier)
+      if (t == Tier::ssd || !locked(b)) ++n.mem_slots;  // promoted, or newly locked in place
+    if (b.refs == 0) n.new_refs += groups_;
+  }
+  const std::uint64_t priv = std::uint64_t{p.blocks - p.keys.size()} * groups_;
+  n.mem_slots += priv;
+  n.new_refs += priv;
+  return n;
+}
+
+bool BlockManager::fits(const Pending& p) const {
+  const Need n = need_of(p);
+  const std::uint64_t limit = overcommit_limit_slots();
+  if (locked_[0] + locked_[1] + n.mem_slots > mem_capacity()) return false;
+  return !limit || referenced_slots_ + n.new_refs <= limit;
+}
+
+std::uint64_t BlockManager::per_request_slots() const {
+  if (st_.admitted) return std::max<std::uint64_t>(1, admitted_slots_ / st_.admitted);
+  const std::uint64_t bt = cfg_.geometry.block_tokens;
+  return (cfg_.expected_request_tokens + bt - 1) / bt * groups_;
+}
+
+std::uint64_t BlockManager::queue_limit() const {
+  const int q = cap_[1] > 0 ? 1 : 0;
+  const std::uint64_t free = cap_[q] - std::min(cap_[q], locked_[q]);
+  return std::max(cfg_.min_queue, free / per_request_slots());
+}
+
+SubmitResult BlockManager::submit(RequestId id, const workload::ServeRequest& r, Admission* out) {
+  if (requests_.contains(id) ||
+      std::any_of(queue_.begin(), queue_.end(), [&](const Pending& p) { return p.id == id; }))
+    throw std::invalid_argument(fmt::format("kv: request {} submitted twice", id));
+  ++st_.submitted;
+  Pending p = make_pending(id, r);
+  if (too_large(p)) {
+    ++st_.refused_too_large;
+    return SubmitResult::too_large;
+  }
+  if (queue_.empty() && fits(p)) {
+    Admission a = admit(p);
+    if (out) *out = a;
+    return SubmitResult::admitted;
+  }
+  if (queue_.size() >= queue_limit()) {
+    ++st_.refused_queue_full;
+    return SubmitResult::refused_queue_full;
+  }
+  queue_.push_back(std::move(p));
+  ++st_.queued;
+  st_.peak_queue = std::max<std::uint64_t>(st_.peak_queue, queue_.size());
+  return SubmitResult::queued;
+}
+
+std::vector<Admission> BlockManager::finish(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    throw std::invalid_argument(fmt::format("kv: finish of request {}, which is not running", id));
+  const std::vector<TokenBlockId> table = std::move(it->second);
+  requests_.erase(it);
+  for (TokenBlockId tb : table) {
+    TokenBlock& b = blocks_.at(tb);
+    unref(b, tb);
+    if (!b.cached) drop(tb, Action::Reason::finish);
+  }
+  ++st_.finished;
+  std::vector<Admission> out;
+  admit_queued(out);
+  check_emergency();
+  return out;
+}
+
+void BlockManager::admit_queued(std::vector<Admission>& out) {
+  while (!queue_.empty() && fits(queue_.front())) {
+    out.push_back(admit(queue_.front()));
+    queue_.pop_front();
+  }
+}
+
+Admission BlockManager::admit(const Pending& p) {
+  Admission a;
+  a.id = p.id;
+  a.blocks = p.blocks;
+  a.prompt_full_blocks = static_cast<std::uint32_t>(p.keys.size());
+  std::vector<TokenBlockId> table(p.blocks, 0);
+  // Lock every cached block first, so making room for new ones cannot evict them.
+  bool run = true;
+  for (std::size_t i = 0; i < p.keys.size(); ++i) {
+    auto it = cache_.find(p.keys[i]);
+    if (it == cache_.end()) {
+      run = false;
+      continue;
+    }
+    TokenBlock& b = blocks_.at(it->second);
+    ref(b, it->second);
+    table[i] = it->second;
+    if (run) {
+      ++a.hit_blocks;
+      int lowest = 0;
+      for (Tier t : b.tier) lowest = std::max(lowest, idx(t));
+      ++a.hit_blocks_by_tier[lowest];
+    } else {
+      ++a.adopted_blocks;
+    }
+  }
+  for (std::size_t i = 0; i < p.keys.size(); ++i) {
+    if (table[i] != 0) {
+      for (std::uint32_t g = 0; g < groups_; ++g)
+        if (blocks_.at(table[i]).tier[g] == Tier::ssd) {
+          place(table[i], g, Action::Reason::promote);
+          ++a.promoted_slots;
+        }
+      continue;
+    }
+    // A key repeated inside one prompt can only be a hash collision: keep it private.
+    const bool share = !cache_.contains(p.keys[i]);
+    table[i] = create(static_cast<std::uint32_t>(i), share, p.keys[i]);
+    share ? ++a.new_blocks : ++a.private_blocks;
+  }
+  for (std::uint32_t i = static_cast<std::uint32_t>(p.keys.size()); i < p.blocks; ++i) {
+    table[i] = create(i, false, 0);
+    ++a.private_blocks;
+  }
+  std::vector<TokenBlockId> chain;
+  for (std::size_t i = 0; i < p.keys.size(); ++i)
+    if (blocks_.at(table[i]).cached) chain.push_back(table[i]);
+  touch(chain);
+  a.hit_tokens = std::uint64_t{a.hit_blocks} * cfg_.geometry.block_tokens;
+
+  requests_.emplace(p.id, std::move(table));
+  ++st_.admitted;
+  admitted_slots_ += std::uint64_t{p.blocks} * groups_;
+  st_.prompt_tokens += p.prompt_tokens;
+  st_.lookup_blocks += p.keys.size();
+  st_.hit_blocks += a.hit_blocks;
+  st_.hit_tokens += a.hit_tokens;
+  st_.adopted_blocks += a.adopted_blocks;
+  for (int t = 0; t < kTiers; ++t) st_.hit_blocks_by_tier[t] += a.hit_blocks_by_tier[t];
+  st_.new_blocks += a.new_blocks;
+  st_.private_blocks += a.private_blocks;
+  st_.promoted_slots += a.promoted_slots;
+  st_.peak_running = std::max<std::uint64_t>(st_.peak_running, requests_.size());
+  st_.peak_referenced_slots = std::max(st_.peak_referenced_slots, referenced_slots_);
+  check_emergency();
+  return a;
+}
+
+void BlockManager::touch(const std::vector<TokenBlockId>& chain) {
+  ++tick_;
+  const double now = static_cast<double>(tick_);
+  double floor = -std::numeric_limits<double>::infinity();
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // last block first
+    TokenBlock& b = blocks_.at(*it);  // referenced, so not listed: prio may change
+    ++b.freq;
+    double raw = 0;
+    switch (cfg_.policy) {
+      case EvictionPolicy::lru:
+        raw = now;
+        break;
+      case EvictionPolicy::lfu: {
+        const double h = cfg_.lfu_half_life;
+        b.decayed = b.decayed * std::exp2(-(now - static_cast<double>(b.last_tick)) / h) + 1;
+        raw = std::log2(b.decayed) + now / h;
+        break;
+      }
+      case EvictionPolicy::pgdsf:
+        raw = clock_ + static_cast<double>(b.freq) * cfg_.geometry.recompute_flops(b.index) /
+                           static_cast<double>(cfg_.geometry.token_block_bytes());
+        break;
+    }
+    b.last_tick = tick_;
+    b.prio = std::max(raw, floor);  // Note [Eviction order]: a prefix never ranks below
+    floor = b.prio;
+  }
+}
+
+TokenBlockId BlockManager::create(std::uint32_t index, bool cached, std::uint64_t key) {
+  const TokenBlockId id = next_tb_++;
+  TokenBlock& b = blocks_[id];
+  b.key = key;
+  b.cached = cached;
+  b.index = index;
+  b.refs = 1;
+  b.tier.assign(groups_, Tier::ssd);  // placeholder until placed; not counted anywhere yet
+  referenced_slots_ += groups_;
+  if (cached) {
+    cache_.emplace(key, id);
+    b.pinned = pins_.contains(key);
+  }
+  for (std::uint32_t g = 0; g < groups_; ++g) {
+    const Tier t = take_slot(g);
+    blocks_.at(id).tier[g] = t;
+    ++used_[idx(t)];
+    ++locked_[idx(t)];
+    peak_[idx(t)] = std::max(peak_[idx(t)], used_[idx(t)]);
+    actions_.push_back({Action::Kind::allocate, Action::Reason::admit, block_id(id, g), t, t,
+                        cfg_.geometry.group_bytes(g)});
+  }
+  return id;
+}
+
+Tier BlockManager::take_slot(std::uint32_t g) {
+  // Home first, then the other memory tier (HBM first): Note [Tiers and moves].
+  for (Tier t : {homes_[g], Tier::device, Tier::host})
+    if (cap_[idx(t)] > 0 && (free_slots(t) > 0 || make_room(t, 1))) return t;
+  throw std::logic_error("kv: no memory slot after the admission check said it fits");
+}
+
+void BlockManager::place(TokenBlockId tb, std::uint32_t g, Action::Reason why) {
+  move_slot(tb, g, take_slot(g), why);
+}
+
+bool BlockManager::make_room(Tier t, std::uint64_t n) {
+  while (free_slots(t) < n) {
+    auto& set = victims_[idx(t)];
+    if (set.empty()) return false;
+    evict_slot(*set.begin(), t);
+  }
+  return true;
+}
+
+void BlockManager::evict_slot(const Victim& victim, Tier t) {
+  const Victim v = victim;  // the set entry goes away below
+  for (int lower = idx(t) + 1; lower < kTiers; ++lower) {
+    if (cap_[lower] == 0) continue;
+    const Tier to = kTierOf[lower];
+    if (free_slots(to) == 0) make_room(to, 1);  // may drop v's own block
+    auto it = blocks_.find(v.tb);
+    if (it == blocks_.end()) return;
+    if (free_slots(to) > 0) {
+      move_slot(v.tb, v.group, to, Action::Reason::evict);
+      ++st_.demoted_slots[idx(t)];
+      return;
+    }
+    break;
+  }
+  if (blocks_.contains(v.tb)) drop(v.tb, Action::Reason::evict);
+}
+
+void BlockManager::move_slot(TokenBlockId tb, std::uint32_t g, Tier to, Action::Reason why) {
+  TokenBlock& b = blocks_.at(tb);
+  const Tier from = b.tier[g];
+  if (evictable(b)) victims_[idx(from)].erase({b.prio, b.index, tb, g});
+  --used_[idx(from)];
+  ++used_[idx(to)];
+  peak_[idx(to)] = std::max(peak_[idx(to)], used_[idx(to)]);
+  if (locked(b)) {
+    --locked_[idx(from)];
+    ++locked_[idx(to)];
+  }
+  b.tier[g] = to;
+  if (evictable(b)) victims_[idx(to)].insert({b.prio, b.index, tb, g});
+  actions_.push_back(
+      {Action::Kind::move, why, block_id(tb, g), from, to, cfg_.geometry.group_bytes(g)});
+}
+
+void BlockManager::drop(TokenBlockId tb, Action::Reason why) {
+  TokenBlock& b = blocks_.at(tb);
+  if (b.refs > 0 || b.pinned) throw std::logic_error("kv: dropping a locked block");
+  if (b.cached) {
+    unlist(b, tb);
+    cache_.erase(b.key);
+    clock_ = std::max(clock_, b.prio);  // Note [Eviction order]: aging on leaving the cache
+    ++st_.dropped_blocks;
+  }
+  for (std::uint32_t g = 0; g < groups_; ++g) {
+    --used_[idx(b.tier[g])];
+    actions_.push_back({Action::Kind::free, why, block_id(tb, g), b.tier[g], b.tier[g],
+                        cfg_.geometry.group_bytes(g)});
+  }
+  blocks_.erase(tb);
+}
+
+void BlockManager::lock_delta(const TokenBlock& b, int delta) {
+  for (Tier t : b.tier) locked_[idx(t)] += static_cast<std::uint64_t>(delta);
+}
+
+void BlockManager::ref(TokenBlock& b, TokenBlockId id) {
+  if (!locked(b)) lock_delta(b, +1);
+  if (evictable(b)) unlist(b, id);
+  if (b.refs++ == 0) referenced_slots_ += groups_;
+}
+
+void BlockManager::unref(TokenBlock& b, TokenBlockId id) {
+  if (--b.refs > 0) return;
+  referenced_slots_ -= groups_;
+  if (!b.pinned) lock_delta(b, -1);
+  if (evictable(b)) list(b, id);
+}
+
+void BlockManager::list(const TokenBlock& b, TokenBlockId id) {
+  for (std::uint32_t g = 0; g < groups_; ++g)
+    victims_[idx(b.tier[g])].insert({b.prio, b.index, id, g});
+}
+
+void BlockManager::unlist(const TokenBlock& b, TokenBlockId id) {
+  for (std::uint32_t g = 0; g < groups_; ++g)
+    victims_[idx(b.tier[g])].erase({b.prio, b.index, id, g});
+}
+
+void BlockManager::check_emergency() {
+  if (cap_[1] == 0) return;
+  const double frac = static_cast<double>(used_[1]) / static_cast<double>(cap_[1]);
+  bool change = false;
+  if (!emergency_ && frac > cfg_.emergency_high) {
+    emergency_ = change = true;
+    ++st_.alerts;
+  } else if (emergency_ && frac <= cfg_.emergency_low) {
+    emergency_ = false;
+    change = true;
+  }
+  if (change && alert_) alert_({emergency_, used_[1], cap_[1]});
+}
+
+std::uint64_t BlockManager::spill(std::uint64_t budget_bytes) {
+  std::uint64_t moved = 0;
+  if (cap_[2] == 0) return 0;
+  while (emergency_ && !victims_[1].empty()) {
+    const Victim v = *victims_[1].begin();
+    const std::uint64_t bytes = cfg_.geometry.group_bytes(v.group);
+    if (moved + bytes > budget_bytes) break;
+    if (free_slots(Tier::ssd) == 0 && !make_room(Tier::ssd, 1)) break;
+    if (!blocks_.contains(v.tb) || blocks_.at(v.tb).tier[v.group] != Tier::host) continue;
+    move_slot(v.tb, v.group, Tier::ssd, Action::Reason::spill);
+    moved += bytes;
+    ++st_.spilled_slots;
+    st_.spilled_bytes += bytes;
+    check_emergency();
+  }
+  return moved;
+}
+
+bool BlockManager::pin_prefix(const std::vector<workload::PromptSegment>& prefix) {
+  const std::vector<std::uint64_t> keys = block_keys(prefix, cfg_.geometry.block_tokens);
+  std::uint64_t fresh = 0;
+  for (std::uint64_t k : keys) fresh += !pins_.contains(k);
+  if ((pins_.size() + fresh) * groups_ > cfg_.pin_budget_slots) return false;
+  for (std::uint64_t k : keys) {
+    if (!pins_.insert(k).second) continue;
+    auto it = cache_.find(k);
+    if (it == cache_.end()) continue;
+    TokenBlock& b = blocks_.at(it->second);
+    if (!locked(b)) lock_delta(b, +1);
+    if (evictable(b)) unlist(b, it->second);
+    b.pinned = true;
+  }
+  return true;
+}
+
+std::uint32_t BlockManager::cached_prefix_blocks(const workload::ServeRequest& r) const {
+  std::uint32_t n = 0;
+  for (std::uint64_t k : block_keys(r.prompt, cfg_.geometry.block_tokens)) {
+    if (!cache_.contains(k)) break;
+    ++n;
+  }
+  return n;
+}
+
+const std::vector<TokenBlockId>& BlockManager::table(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end())
+    throw std::invalid_argument(fmt::format("kv: request {} is not running", id));
+  return it->second;
+}
+
+Tier BlockManager::slot_tier(TokenBlockId tb, std::uint32_t group) const {
+  auto it = blocks_.find(tb);
+  if (it == blocks_.end() || group >= groups_)
+    throw std::invalid_argument(fmt::format("kv: no block {} group {}", tb, group));
+  return it->second.tier[group];
+}
+
+std::vector<std::array<std::uint32_t, kTiers>> BlockManager::slots_by_group(RequestId id) const {
+  std::vector<std::array<std::uint32_t, kTiers>> out(groups_, {0, 0, 0});
+  for (TokenBlockId tb : table(id)) {
+    const TokenBlock& b = blocks_.at(tb);
+    for (std::uint32_t g = 0; g < groups_; ++g) ++out[g][idx(b.tier[g])];
+  }
+  return out;
+}
+
+std::vector<Action> BlockManager::take_actions() {
+  std::vector<Action> out;
+  out.swap(actions_);
+  return out;
+}
+
+std::vector<RequestId> BlockManager::queued_ids() const {
+  std::vector<RequestId> ids;
+  for (const Pending& p : queue_) ids.push_back(p.id);
+  return ids;
+}
+
+TierUse BlockManager::use(Tier t) const {
+  return {cap_[idx(t)], used_[idx(t)], locked_[idx(t)], peak_[idx(t)]};
+}
+
+void BlockManager::check_invariants() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("kv invariant: " + what); };
+  std::array<std::uint64_t, kTiers> used{}, lockd{};
+  std::array<std::size_t, kTiers> victims{};
+  std::uint64_t referenced = 0;
+  std::unordered_map<TokenBlockId, std::uint32_t> refs;
+  for (const auto& [rid, table] : requests_)
+    for (TokenBlockId tb : table) ++refs[tb];
+  for (const auto& [id, b] : blocks_) {
+    if (b.tier.size() != groups_) fail("tier vector size");
+    if (refs[id] != b.refs)
+      fail(fmt::format("block {} refs {} but {} tables", id, b.refs, refs[id]));
+    if (!b.cached && b.refs == 0) fail("a private block outlived its request");
+    if (b.cached) {
+      auto it = cache_.find(b.key);
+      if (it == cache_.end() || it->second != id) fail("cached block missing from the key map");
+    }
+    if (b.pinned != (b.cached && pins_.contains(b.key))) fail("pin flag disagrees with pins");
+    if (b.refs > 0) referenced += groups_;
+    for (std::uint32_t g = 0; g < groups_; ++g) {
+      const int t = idx(b.tier[g]);
+      ++used[t];
+      if (locked(b)) ++lockd[t];
+      if (b.refs > 0 && b.tier[g] == Tier::ssd) fail("a referenced block rests on SSD");
+      const bool listed = victims_[t].contains({b.prio, b.index, id, g});
+      if (listed != evictable(b)) fail(fmt::format("block {} group {} victim listing", id, g));
+      victims[t] += listed;
+    }
+  }
+  if (cache_.size() > blocks_.size()) fail("key map larger than the block map");
+  for (int t = 0; t < kTiers; ++t) {
+    if (used[t] != used_[t]) fail(fmt::format("tier {} used {} != {}", t, used_[t], used[t]));
+    if (lockd[t] != locked_[t])
+      fail(fmt::format("tier {} locked {} != {}", t, locked_[t], lockd[t]));
+    if (used_[t] > cap_[t]) fail(fmt::format("tier {} over capacity", t));
+    if (victims[t] != victims_[t].size()) fail(fmt::format("tier {} stray victims", t));
+  }
+  if (referenced != referenced_slots_) fail("referenced slots");
+  const std::uint64_t limit = overcommit_limit_slots();
+  if (limit && referenced_slots_ > limit) fail("overcommit cap exceeded");
+  if (pins_.size() * groups_ > cfg_.pin_budget_slots) fail("pin budget exceeded");
+}
+
+}  // namespace u3m::kv
