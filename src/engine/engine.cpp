@@ -106,8 +106,9 @@ struct Engine::Entry {
   std::uint8_t valid = 0;  // bit per tier: holds the latest data
   std::uint32_t readers[2] = {0, 0};
   bool writer = false;
-  bool moving = false;  // Note [One move at a time]
-  Tier moving_to = Tier::host;
+  bool moving = false;                // Note [One move at a time]
+  bool moving_evict = false;          // the running transfer is an eviction ...
+  Tier moving_from = Tier::host;      // ... out of this tier
   std::uint32_t waiters[2] = {0, 0};  // blocked acquirers, per tier
   std::uint8_t prefetch_want = 0;     // tiers a prefetch asked for
   std::uint8_t demand_want = 0;       // tiers a try_acquire asked for (not yet granted)
@@ -115,7 +116,7 @@ struct Engine::Entry {
   std::uint8_t evict_want = 0;        // tiers the data should leave
   std::uint8_t queued_prio[3] = {kNoPrio, kNoPrio, kNoPrio};  // best queued job into a tier
   Status error[2] = {Status::ok, Status::ok};                 // the last failed fetch into a tier
-  std::uint64_t error_gen = 0;
+  std::uint64_t error_gen[2] = {0, 0};  // bumped when error[] of that tier is set
   std::uint64_t backoff_until = 0, backoff_ns = 0;
   bool lost = false;
   bool in_lru[2] = {false, false};
@@ -150,7 +151,6 @@ Engine::~Engine() {
   }
   entries_.clear();
   lk.unlock();
-  for (TensorId k : act.ssd_erases) transport_.erase_ssd(k);
   transport_.set_completion({});
 }
 
@@ -207,7 +207,9 @@ void Engine::free_copy(Entry& e, Tier t, Actions& act) {
   e.prefetched &= static_cast<std::uint8_t>(~bit(t));
   if (t == Tier::ssd) {
     if (e.ssd) {
-      act.ssd_erases.push_back(e.id);
+      // Under the lock, so a remove() then add() of the same id cannot have
+      // this erase land on the new tensor's SSD copy (Transport::erase_ssd).
+      transport_.erase_ssd(e.id);
       e.ssd = false;
     }
     return;
@@ -246,9 +248,15 @@ std::uint64_t Engine::pending_bytes(Tier t) const {
   return sum;
 }
 
-bool Engine::evictable(const Entry& e, Tier t) const {
-  return e.has(t) && !e.pinned(t) && !e.moving && e.waiters[idx(t)] == 0 &&
-         clock_.now_ns() >= e.backoff_until;
+// Evictable now; a copy held back only by its write-back back-off lowers
+// *retry_at to when it becomes evictable.
+bool Engine::evictable(const Entry& e, Tier t, std::uint64_t* retry_at) const {
+  if (!e.has(t) || e.pinned(t) || e.moving || e.waiters[idx(t)] != 0) return false;
+  if (clock_.now_ns() < e.backoff_until) {
+    *retry_at = std::min(*retry_at, e.backoff_until);
+    return false;
+  }
+  return true;
 }
 
 // ---- scheduling -------------------------------------------------------------
@@ -313,17 +321,22 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
   // Nothing changed since a scan that could evict nothing: do not rescan
   // (a tier that cannot shed, e.g. host without an SSD tier, would otherwise
   // be scanned at every call).
-  if (futile_[i] == changes_) return;
+  if (futile_[i] == changes_ && clock_.now_ns() < futile_retry_[i]) return;
   const std::uint64_t evictions_before = st_.evictions;
   const std::uint64_t leaving_before = leaving_[i];
-  struct Futile {  // records a scan that evicted nothing, however it returns
+  std::uint64_t retry_at = ~0ull;  // the earliest back-off that ends
+  struct Futile {                  // records a scan that evicted nothing, however it returns
     Engine& eng;
     int i;
     std::uint64_t ev, lv;
+    const std::uint64_t& retry_at;
     ~Futile() {
-      if (eng.st_.evictions == ev && eng.leaving_[i] == lv) eng.futile_[i] = eng.changes_;
+      if (eng.st_.evictions == ev && eng.leaving_[i] == lv) {
+        eng.futile_[i] = eng.changes_;
+        eng.futile_retry_[i] = retry_at;  // a back-off ending is a change too
+      }
     }
-  } futile{*this, i, evictions_before, leaving_before};
+  } futile{*this, i, evictions_before, leaving_before, retry_at};
   const double target = lim.low_watermark * cap;
   load -= static_cast<double>(leaving_[i]);  // already on their way out
   const Link out = t == Tier::device ? Link::d2h : Link::h2s;
@@ -342,7 +355,7 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
     return true;
   };
   auto candidate = [&](const Entry& e) {
-    if ((e.evict_want & bit(t)) || !evictable(e, t)) return false;
+    if ((e.evict_want & bit(t)) || !evictable(e, t, &retry_at)) return false;
     // Host data with no other copy can leave only to an SSD tier.
     return t == Tier::device || transport_.has_ssd() || e.has(Tier::ssd) || e.has(Tier::device);
   };
@@ -385,7 +398,11 @@ bool Engine::start_job(Link link, const Job& j, Actions& act) {
   if (!j.evict && e.queued_prio[idx(j.to)] == static_cast<std::uint8_t>(j.prio))
     e.queued_prio[idx(j.to)] = kNoPrio;
   if (e.moving || e.writer || !e.has(from) || e.has(to) || e.lost) {
-    if (j.evict && !e.moving) set_evict_want(e, from, false);
+    // A dropped eviction clears its flag, unless this very eviction is the
+    // transfer running now (its completion clears it): nothing re-derives
+    // evictions, and a stuck flag would keep the copy from leaving for good.
+    if (j.evict && !(e.moving && e.moving_evict && e.moving_from == from))
+      set_evict_want(e, from, false);
     return true;  // stale; completion or release re-derives what is still needed
   }
   if (j.evict && (!(e.evict_want & bit(from)) || e.pinned(from))) {
@@ -400,7 +417,8 @@ bool Engine::start_job(Link link, const Job& j, Actions& act) {
     return false;
   }
   e.moving = true;
-  e.moving_to = to;
+  e.moving_evict = j.evict;
+  e.moving_from = from;
   Transfer t;
   t.ticket = next_ticket_++;
   t.tensor = e.id;
@@ -441,7 +459,6 @@ void Engine::pump(Actions& act) {
 }
 
 void Engine::run(Actions& act) {
-  for (TensorId k : act.ssd_erases) transport_.erase_ssd(k);
   for (const Transfer& t : act.transfers) transport_.start(t);
   act = {};
 }
@@ -477,6 +494,9 @@ void Engine::on_done(const Transfer& t, Status s) {
       touch(e, to);
       if (r.job.prio == Priority::prefetch) e.prefetched |= bit(to);
       e.prefetch_want &= static_cast<std::uint8_t>(~bit(to));
+      // A polling caller that gave up must not keep the tensor on demand:
+      // the next try_acquire asks again if the copy has left by then.
+      e.demand_want &= static_cast<std::uint8_t>(~bit(to));
       e.backoff_ns = 0;
       if (r.job.evict) {
         set_evict_want(e, from, false);
@@ -534,12 +554,13 @@ void Engine::on_done(const Transfer& t, Status s) {
           ++st_.lost_tensors;
         }
         for (Tier w : {Tier::device, Tier::host}) {
-          if (e.waiters[idx(w)] > 0 || (e.demand_want & bit(w)))
+          if (e.waiters[idx(w)] > 0 || (e.demand_want & bit(w))) {
             e.error[idx(w)] = s;  // a failed prefetch is only counted
+            ++e.error_gen[idx(w)];
+          }
         }
         e.prefetch_want = 0;
         e.demand_want = 0;
-        ++e.error_gen;
       }
     }
     pump(act);
@@ -622,14 +643,14 @@ void Engine::grant(Entry& e, Tier tier, Access access, Lease* out, Actions& act)
 Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
                               Lease* out, bool block, Actions& act) {
   const int i = idx(tier);
-  const std::uint64_t gen = e.error_gen;
+  const std::uint64_t gen = e.error_gen[i];
   const std::uint64_t t0 = clock_.now_ns();
   bool waited = false, counted_waiter = false;
   Status result = Status::ok;
   for (;;) {
     // A fetch failed for this tier: a blocked caller sees the failures that
     // happened while it waited; a polling caller sees the one it asked for.
-    if (e.error[i] != Status::ok && (!block || e.error_gen != gen)) {
+    if (e.error[i] != Status::ok && (!block || e.error_gen[i] != gen)) {
       result = e.error[i];
       if (!block || e.waiters[i] <= (counted_waiter ? 1u : 0u)) e.error[i] = Status::ok;
       break;
@@ -641,6 +662,7 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
     if (grantable(e, tier, access) && allocate_copy(e, tier)) {
       grant(e, tier, access, out, act);
       e.demand_want &= static_cast<std::uint8_t>(~bit(tier));
+      e.error[i] = Status::ok;  // an old failure must not fail a later caller
       waited ? ++st_.misses : ++st_.hits;
       break;
     }
@@ -658,16 +680,27 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
     }
     const bool stuck =
         running_.empty() && act.transfers.empty() && st_.evictions == evictions_before && !e.moving;
-    if (stuck && (e.has(tier) || e.valid == 0)) {
-      // Waiting for room, not for data: can a release ever make it?
-      std::uint64_t pinned = 0;
-      for (auto* x : lru_[i]) {
-        if (x != &e && x->pinned(tier)) pinned += x->bytes;
+    if (stuck && !(e.has(tier) && !grantable(e, tier, access))) {
+      // Waiting for room (here, or in host for a two-hop fetch): can a
+      // release or a back-off ending ever make it? Not if the bytes pinned in
+      // this tier leave no room, nor if nothing is pinned or backed off in
+      // either memory tier.
+      std::uint64_t pinned_here = 0, pinned_all = 0;
+      bool backed_off = false;
+      const std::uint64_t now = clock_.now_ns();
+      for (int m = 0; m < 2; ++m) {
+        for (auto* x : lru_[m]) {
+          if (x == &e) continue;
+          if (x->pinned(static_cast<Tier>(m))) {
+            pinned_all += x->bytes;
+            if (m == i) pinned_here += x->bytes;
+          }
+          backed_off = backed_off || now < x->backoff_until;
+        }
       }
       const std::uint64_t cap =
           tier == Tier::device ? config_.device.capacity : config_.host.capacity;
-      const bool conflict = !grantable(e, tier, access);  // another lease on this tensor
-      if (!conflict && (pinned == 0 || pinned + e.bytes > cap)) {
+      if (pinned_here + e.bytes > cap || (pinned_all == 0 && !backed_off)) {
         ++st_.oom;
         result = Status::out_of_memory;
         break;

@@ -309,6 +309,41 @@ TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
   EXPECT_EQ(rig.transport.started[2].tensor, 4u);
 }
 
+// A queued eviction found stale while a demand copy of the same tensor runs
+// must not leave the tensor marked as leaving (found in review: it then could
+// never be evicted again).
+TEST(EngineManual, EvictionDroppedWhileADemandCopyRunsLeavesNoStuckFlag) {
+  EngineConfig c = small(256 * KiB, 16 * MiB);
+  c.device.high_watermark = 0.75;
+  c.device.low_watermark = 0.5;
+  c.link_slots = {2, 2, 2, 2};
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  for (TensorId id : {1, 2, 3}) {
+    ASSERT_EQ(e.add(id, 64 * KiB), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 1, Tier::device), Status::ok);
+  }
+  ASSERT_EQ(e.evict(1, Tier::device), Status::ok);  // two write-backs fill the d2h slots
+  ASSERT_EQ(e.evict(2, Tier::device), Status::ok);
+  ASSERT_EQ(e.evict(3, Tier::device), Status::ok);  // queued
+  Lease l;
+  ASSERT_EQ(e.try_acquire(3, Tier::host, Access::read, &l), Status::busy);  // demand, queued first
+  rig.transport.complete();  // frees a slot: the demand copy of 3 starts
+  EXPECT_EQ(rig.transport.started.back().tensor, 3u);
+  rig.transport.complete();  // the eviction of 3 is popped while 3 moves: stale
+  rig.transport.complete();  // the demand copy lands; 3 is clean on the device
+  ASSERT_EQ(rig.transport.pending(), 0u);
+  auto r = e.residency(3);
+  ASSERT_TRUE(r->valid[0] && r->valid[1]);
+  // Pressure now must drop 3 (least recently used, clean) rather than skip it.
+  for (TensorId id : {4, 5, 6}) {
+    ASSERT_EQ(e.add(id, 64 * KiB), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 1, Tier::device), Status::ok);
+  }
+  EXPECT_FALSE(e.residency(3)->valid[0]);
+  EXPECT_TRUE(e.residency(3)->valid[1]);
+}
+
 TEST(EngineConfigTest, ValidateNamesTheField) {
   EngineConfig c;
   c.device.low_watermark = 0.95;

@@ -151,6 +151,8 @@ class Engine {
   std::optional<Residency> residency(TensorId id) const;
   EngineStats stats() const;
   mem::TierReport monitor(Tier t) const;
+  // Level changes of any tier. Called under the engine's lock: it must be
+  // quick and must not call back into the engine (queue the alert instead).
   void on_alert(mem::AlertFn fn);
   const EngineConfig& config() const { return config_; }
 
@@ -193,7 +195,6 @@ class Engine {
   };
   struct Actions {  // work done outside the lock
     std::vector<Transfer> transfers;
-    std::vector<TensorId> ssd_erases;
   };
 
   Status acquire_entry(TensorId id, Tier tier, Access access, Lease* out, bool block);
@@ -217,7 +218,7 @@ class Engine {
   void run(Actions& act);
   void note_use(Tier t);
   std::uint64_t pending_bytes(Tier t) const;
-  bool evictable(const Entry& e, Tier t) const;
+  bool evictable(const Entry& e, Tier t, std::uint64_t* retry_at) const;
 
   EngineConfig config_;
   mem::DevicePool& pool_;
@@ -240,6 +241,7 @@ class Engine {
   std::uint64_t changes_ =
       0;  // bumped when a copy may have become evictable (release, transfer done)
   std::uint64_t futile_[2] = {~0ull, ~0ull};  // changes_ at a pressure scan that evicted nothing
+  std::uint64_t futile_retry_[2] = {0, 0};    // ... and when the first back-off it skipped ends
   mem::Monitor monitor_;
   VictimScore victim_score_;
   EngineStats st_;

@@ -43,7 +43,8 @@ class Transport {
   virtual ~Transport() = default;
   virtual void set_completion(TransferDone done) = 0;
   virtual void start(const Transfer& t) = 0;
-  // Drops the SSD copy of a tensor (it became stale). Synchronous.
+  // Drops the SSD copy of a tensor (it became stale). Synchronous, and called
+  // under the engine's lock: it must not call back into the engine.
   virtual Status erase_ssd(std::uint64_t key) = 0;
   virtual bool has_ssd() const = 0;
 };
