@@ -637,9 +637,9 @@ void Engine::grant(Entry& e, Tier tier, Access access, Lease* out, Actions& act)
 // the lock, and sleep until the engine's epoch moves (any completion or
 // release). It gives up with out_of_memory only when nothing can change: no
 // transfer is running or startable, and the bytes pinned in the tier leave no
-// room for this tensor (or nothing is pinned at all, so waiting for a
-// release is pointless). While other leases hold the room it waits for their
-// release, polling every millisecond so time-based back-offs also expire.
+// room for this tensor, or nothing is pinned in either memory tier and no
+// write-back back-off is pending (so neither a release nor time can help).
+// Otherwise it waits, polling every millisecond so back-offs also expire.
 Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
                               Lease* out, bool block, Actions& act) {
   const int i = idx(tier);
