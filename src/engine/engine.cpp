@@ -269,6 +269,7 @@ void Engine::set_evict_want(Entry& e, Tier t, bool on) {
   } else {
     e.evict_want &= static_cast<std::uint8_t>(~bit(t));
     leaving_[idx(t)] -= e.bytes;
+    ++changes_;  // a candidate for eviction again
   }
 }
 
@@ -678,8 +679,15 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
       result = Status::busy;
       break;
     }
-    const bool stuck =
+    bool stuck =
         running_.empty() && act.transfers.empty() && st_.evictions == evictions_before && !e.moving;
+    if (stuck) {
+      // The futile-scan memo is only a shortcut: before concluding anything,
+      // scan every tier afresh once.
+      futile_[0] = futile_[1] = ~0ull;
+      pump(act);
+      stuck = act.transfers.empty() && st_.evictions == evictions_before && running_.empty();
+    }
     if (stuck && !(e.has(tier) && !grantable(e, tier, access))) {
       // Waiting for room (here, or in host for a two-hop fetch): can a
       // release or a back-off ending ever make it? Not if the bytes pinned in
@@ -713,7 +721,7 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
     waited = true;
     cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return epoch_ != epoch; });
   }
-  if (counted_waiter) --e.waiters[i];
+  if (counted_waiter && --e.waiters[i] == 0) ++changes_;  // no longer held by a waiter
   if (waited) st_.stall_ns += clock_.now_ns() - t0;
   return result;
 }
