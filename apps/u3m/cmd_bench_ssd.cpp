@@ -26,6 +26,7 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/mem/ssd_store.hpp"
+#include "u3m/util/aligned.hpp"
 #include "u3m/util/error.hpp"
 
 namespace u3m::cli {
@@ -84,14 +85,9 @@ std::string load_average() {
   return fmt::format("{:.2f} {:.2f} {:.2f}", a, b, c);
 }
 
-struct AlignedFree {
-  void operator()(unsigned char* p) const { std::free(p); }
-};
-using Buf = std::unique_ptr<unsigned char, AlignedFree>;
+using Buf = AlignedBuffer;
 Buf aligned_buf(std::size_t n) {
-  void* p = nullptr;
-  if (posix_memalign(&p, mem::SsdStore::kBlock, n) != 0) throw std::bad_alloc();
-  return Buf(static_cast<unsigned char*>(p));
+  return aligned_buffer(mem::SsdStore::kBlock, n);
 }
 
 using Clock = std::chrono::steady_clock;

@@ -1,6 +1,7 @@
 // `u3m hw calibrate`'s measurements (Note [What calibrate measures] in
 // include/u3m/sim/calibrate.hpp).
 #include "u3m/sim/calibrate.hpp"
+#include "u3m/util/aligned.hpp"
 
 #include <unistd.h>
 
@@ -53,15 +54,11 @@ void check(mem::Status s, std::string_view what) {
     throw std::runtime_error(fmt::format("calibrate: {} failed: {}", what, mem::to_string(s)));
 }
 
-struct AlignedFree {
-  void operator()(unsigned char* p) const { std::free(p); }
-};
-using Buf = std::unique_ptr<unsigned char, AlignedFree>;
-Buf aligned_buf(std::size_t n) {
-  void* p = nullptr;
-  if (posix_memalign(&p, mem::SsdStore::kBlock, n) != 0) throw std::bad_alloc();
-  std::memset(p, 0x5a, n);
-  return Buf(static_cast<unsigned char*>(p));
+using Buf = AlignedBuffer;
+Buf aligned_buf(std::size_t n) {  // block-aligned for O_DIRECT, with defined contents
+  Buf b = aligned_buffer(mem::SsdStore::kBlock, n);
+  std::memset(b.get(), 0x5a, n);
+  return b;
 }
 
 double measure_memcpy(std::size_t bytes, double budget) {

@@ -148,10 +148,13 @@ TEST(Engine, OutOfMemoryWhenNothingCanBeEvicted) {
 
 // ---- deterministic ordering and failures (manual transport) ----------------
 
-EngineConfig small(std::uint64_t device, std::uint64_t host) {
+EngineConfig small(std::uint64_t device, std::uint64_t host, double high = 0.90,
+                   double low = 0.80) {
   EngineConfig c;
   c.device.capacity = device;
   c.host.capacity = host;
+  c.device.high_watermark = high;
+  c.device.low_watermark = low;
   return c;
 }
 
@@ -262,9 +265,7 @@ TEST(EngineManual, SsdReadRetriesThenReportsCorruptAndLost) {
 }
 
 TEST(EngineManual, WatermarkEvictionStartsAboveHighAndStopsAtLow) {
-  EngineConfig c = small(1 * MiB, 16 * MiB);
-  c.device.high_watermark = 0.75;
-  c.device.low_watermark = 0.5;
+  EngineConfig c = small(1 * MiB, 16 * MiB, 0.75, 0.5);
   ManualRig rig(c);
   Engine& e = *rig.engine;
   for (TensorId id = 1; id <= 6; ++id) {
@@ -289,9 +290,7 @@ TEST(EngineManual, WatermarkEvictionStartsAboveHighAndStopsAtLow) {
 }
 
 TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
-  EngineConfig c = small(1 * MiB, 16 * MiB);
-  c.device.high_watermark = 0.75;
-  c.device.low_watermark = 0.5;
+  EngineConfig c = small(1 * MiB, 16 * MiB, 0.75, 0.5);
   c.link_slots = {8, 8, 8, 8};
   ManualRig rig(c);
   Engine& e = *rig.engine;
@@ -313,9 +312,7 @@ TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
 // must not leave the tensor marked as leaving (found in review: it then could
 // never be evicted again).
 TEST(EngineManual, EvictionDroppedWhileADemandCopyRunsLeavesNoStuckFlag) {
-  EngineConfig c = small(256 * KiB, 16 * MiB);
-  c.device.high_watermark = 0.75;
-  c.device.low_watermark = 0.5;
+  EngineConfig c = small(256 * KiB, 16 * MiB, 0.75, 0.5);
   c.link_slots = {2, 2, 2, 2};
   ManualRig rig(c);
   Engine& e = *rig.engine;
