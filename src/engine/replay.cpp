@@ -8,12 +8,12 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
 #include <sys/prctl.h>
 
+#include "u3m/engine/steps.hpp"
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
 #include "u3m/mem/host.hpp"
@@ -206,9 +206,12 @@ std::uint64_t trace_footprint(const trace::Trace& trace) {
 ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
                           const ReplayProgress& progress) {
   ReplayReport rep;
-  for (const trace::Tensor& t : trace.tensors) {
-    if (t.bytes == 0) input_error("trace", "tensor '{}' has 0 bytes; cannot replay it", t.name);
-  }
+  // First, so a bad trace (a tensor of 0 bytes, a dangling index) fails before
+  // any memory is set up.
+  const std::uint64_t n = o.max_events ? std::min<std::uint64_t>(o.max_events, trace.events.size())
+                                       : trace.events.size();
+  const std::vector<Step> steps = build_steps(trace, n);
+  rep.ops = steps.size();
   if (o.check_stride < 8 || o.check_stride % 8 != 0)
     input_error("check_stride", "must be a multiple of 8 bytes, got {}", o.check_stride);
   rep.footprint = trace_footprint(trace);
@@ -249,17 +252,6 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   cfg.host.capacity = rep.host_budget;
   Engine engine(cfg, pool, host, transport, clock);
 
-  const auto& ev = trace.events;
-  const std::uint64_t n =
-      o.max_events ? std::min<std::uint64_t>(o.max_events, ev.size()) : ev.size();
-  // Op boundaries: runs of consecutive events of one op.
-  std::vector<std::uint64_t> starts;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    if (i == 0 || ev[i].op != ev[i - 1].op) starts.push_back(i);
-  }
-  starts.push_back(n);
-  rep.ops = starts.size() - 1;
-
   std::vector<std::uint64_t> version(trace.tensors.size(), 0);  // 0 = never written
   std::vector<std::uint8_t> registered(trace.tensors.size(), 0);
   auto id_of = [&](std::uint32_t t) { return static_cast<TensorId>(t) + 1; };
@@ -279,9 +271,6 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const auto t0 = Clock::now();
-  // The op's tensors in first-touch order, and whether it writes each.
-  std::vector<std::pair<std::uint32_t, bool>> touched;
-  std::unordered_map<std::uint32_t, std::size_t> slot;  // tensor -> index in touched
   struct Held {
     Lease lease;
     std::uint32_t tensor;
@@ -300,45 +289,19 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       return true;
     });
   };
-  for (std::size_t op = 0; op + 1 < starts.size(); ++op) {
-    touched.clear();
-    slot.clear();
-    auto touch = [&](std::uint32_t t, bool writes) {
-      auto [it, added] = slot.try_emplace(t, touched.size());
-      if (added)
-        touched.emplace_back(t, writes);
-      else if (writes)
-        touched[it->second].second = true;
-    };
-    std::vector<std::uint32_t> frees;
-    for (std::uint64_t i = starts[op]; i < starts[op + 1]; ++i) {
-      const trace::Event& e = ev[i];
-      switch (e.kind) {
-        case trace::EventKind::alloc:
-          ensure(e.tensor);
-          break;
-        case trace::EventKind::read:
-          ensure(e.tensor);
-          touch(e.tensor, false);
-          break;
-        case trace::EventKind::write:
-          ensure(e.tensor);
-          touch(e.tensor, true);
-          break;
-        case trace::EventKind::free:
-          frees.push_back(e.tensor);
-          break;
-      }
-    }
+  for (std::size_t op = 0; op < steps.size(); ++op) {
+    const Step& step = steps[op];
+    for (const Touch& t : step.touches) ensure(t.tensor);
     leases.clear();
     const auto op_begin = Clock::now();
     // Two passes (Note [All demand fetches at once]): ask for every tensor
     // without blocking, then wait for those that were not ready.
     waiting.clear();
-    for (auto [t, writes] : touched) {
+    for (const Touch& touch : step.touches) {
+      const std::uint32_t t = touch.tensor;
       // A tensor read before anything wrote it (a parameter, an input) gets
       // its first contents here.
-      const bool fresh = writes || version[t] == 0;
+      const bool fresh = touch.writes || version[t] == 0;
       Lease l;
       const Status s =
           engine.try_acquire(id_of(t), Tier::device, fresh ? Access::write : Access::read, &l);
@@ -363,7 +326,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     // host work that a device would not do, so they run inside that window.
     const auto acquired = Clock::now();
     rep.stall_s += seconds(acquired - op_begin);
-    const trace::Op& this_op = trace.ops[ev[starts[op]].op];
+    const trace::Op& this_op = trace.ops[step.op];
     const double dt = o.op_time ? o.op_time(this_op) : 0.0;
     if (!std::isfinite(dt) || dt < 0)
       input_error("replay", "op '{}': compute time {} s is not a finite number >= 0", this_op.name,
@@ -390,9 +353,9 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     // covers the ops no earlier op reached (as sim::lookahead_prefetch does).
     if (o.lookahead) {
       const std::size_t first = op == 0 ? 1 : op + o.lookahead;
-      for (std::size_t a = first; a <= op + o.lookahead && a + 1 < starts.size(); ++a) {
-        for (std::uint64_t i = starts[a]; i < starts[a + 1]; ++i) {
-          const std::uint32_t t = ev[i].tensor;
+      for (std::size_t a = first; a <= op + o.lookahead && a < steps.size(); ++a) {
+        for (const Touch& touch : steps[a].touches) {
+          const std::uint32_t t = touch.tensor;
           if (registered[t] && version[t]) engine.prefetch(id_of(t), Tier::device);
         }
       }
@@ -413,14 +376,14 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       rep.iteration_end_s[this_op.iteration] = seconds(Clock::now() - t0);
     }
     for (const Held& h : leases) engine.release(h.lease);
-    for (std::uint32_t t : frees) {
+    for (std::uint32_t t : step.frees) {
       if (!registered[t]) continue;
       registered[t] = 0;
       version[t] = 0;
       deferred.push_back(t);
     }
     retry_removals();
-    rep.events = starts[op + 1];
+    rep.events = step.end_event;
     if (progress && (op & 255) == 0) progress(rep.events, n);
   }
   engine.drain();

@@ -20,51 +20,6 @@ using engine::Access;
 using engine::Lease;
 using engine::Tier;
 
-std::vector<Step> build_steps(const trace::Trace& trace) {
-  for (const trace::Tensor& t : trace.tensors) {
-    if (t.bytes == 0) input_error("trace", "tensor '{}' has 0 bytes; cannot simulate it", t.name);
-  }
-  std::vector<Step> steps;
-  // slot[t]: index of tensor t in the current step's touches, valid while stamp[t] == step.
-  constexpr std::uint64_t kNone = std::numeric_limits<std::uint64_t>::max();
-  std::vector<std::uint64_t> stamp(trace.tensors.size(), kNone);
-  std::vector<std::uint32_t> slot(trace.tensors.size(), 0);
-  for (std::size_t i = 0; i < trace.events.size(); ++i) {
-    const trace::Event& e = trace.events[i];
-    if (e.op >= trace.ops.size())
-      input_error("trace", "event {} names op {}, but the trace has {} ops", i, e.op,
-                  trace.ops.size());
-    if (e.tensor >= trace.tensors.size())
-      input_error("trace", "event {} names tensor {}, but the trace has {} tensors", i, e.tensor,
-                  trace.tensors.size());
-    if (i == 0 || trace.events[i - 1].op != e.op) {
-      steps.push_back(Step{e.op, {}, {}});
-    }
-    Step& s = steps.back();
-    const std::uint64_t here = steps.size() - 1;
-    switch (e.kind) {
-      case trace::EventKind::alloc:
-        break;  // a tensor holds memory from its first touch
-      case trace::EventKind::free:
-        s.frees.push_back(e.tensor);
-        break;
-      case trace::EventKind::read:
-      case trace::EventKind::write: {
-        const bool w = e.kind == trace::EventKind::write;
-        if (stamp[e.tensor] != here) {
-          stamp[e.tensor] = here;
-          slot[e.tensor] = static_cast<std::uint32_t>(s.touches.size());
-          s.touches.push_back(Touch{e.tensor, w});
-        } else if (w) {
-          s.touches[slot[e.tensor]].writes = true;
-        }
-        break;
-      }
-    }
-  }
-  return steps;
-}
-
 PrefetchHook no_prefetch() {
   return [](std::size_t, PrefetchContext&) {};
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "u3m/engine/engine.hpp"
+#include "u3m/engine/steps.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/sim_transport.hpp"
@@ -22,23 +23,11 @@ namespace u3m::sim {
 
 // ---- the trace as a sequence of ops ----------------------------------------
 
-struct Touch {
-  std::uint32_t tensor = 0;  // index into Trace::tensors
-  bool writes = false;
-};
-
-// One unit of work: a run of consecutive events of one op (Note [Replay
-// under a budget] in src/engine/replay.cpp: the same units, so real replay
-// and simulation treat a trace alike).
-struct Step {
-  std::uint32_t op = 0;              // index into Trace::ops
-  std::vector<Touch> touches;        // first-touch order, one entry per tensor
-  std::vector<std::uint32_t> frees;  // tensors freed at the end of the step
-};
-
-// Throws InputError for a tensor of 0 bytes or an event naming an op or
-// tensor that does not exist.
-std::vector<Step> build_steps(const trace::Trace& trace);
+// The units a trace runs in (include/u3m/engine/steps.hpp), shared with real
+// replay.
+using engine::build_steps;
+using engine::Step;
+using engine::Touch;
 
 // ---- hooks ------------------------------------------------------------------
 

@@ -1,0 +1,58 @@
+#include "u3m/engine/steps.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "u3m/util/error.hpp"
+
+namespace u3m::engine {
+
+std::vector<Step> build_steps(const trace::Trace& trace, std::uint64_t max_events) {
+  for (const trace::Tensor& t : trace.tensors) {
+    if (t.bytes == 0) input_error("trace", "tensor '{}' has 0 bytes; cannot run it", t.name);
+  }
+  std::vector<Step> steps;
+  // slot[t]: index of tensor t in the current step's touches, valid while stamp[t] == step.
+  constexpr std::uint64_t kNone = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::uint64_t> stamp(trace.tensors.size(), kNone);
+  std::vector<std::uint32_t> slot(trace.tensors.size(), 0);
+  const std::size_t n =
+      max_events ? std::min<std::size_t>(max_events, trace.events.size()) : trace.events.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const trace::Event& e = trace.events[i];
+    if (e.op >= trace.ops.size())
+      input_error("trace", "event {} names op {}, but the trace has {} ops", i, e.op,
+                  trace.ops.size());
+    if (e.tensor >= trace.tensors.size())
+      input_error("trace", "event {} names tensor {}, but the trace has {} tensors", i, e.tensor,
+                  trace.tensors.size());
+    if (i == 0 || trace.events[i - 1].op != e.op) {
+      steps.push_back(Step{e.op, {}, {}, i + 1});
+    }
+    Step& s = steps.back();
+    s.end_event = i + 1;
+    const std::uint64_t here = steps.size() - 1;
+    switch (e.kind) {
+      case trace::EventKind::alloc:
+        break;  // a tensor holds memory from its first touch
+      case trace::EventKind::free:
+        s.frees.push_back(e.tensor);
+        break;
+      case trace::EventKind::read:
+      case trace::EventKind::write: {
+        const bool w = e.kind == trace::EventKind::write;
+        if (stamp[e.tensor] != here) {
+          stamp[e.tensor] = here;
+          slot[e.tensor] = static_cast<std::uint32_t>(s.touches.size());
+          s.touches.push_back(Touch{e.tensor, w});
+        } else if (w) {
+          s.touches[slot[e.tensor]].writes = true;
+        }
+        break;
+      }
+    }
+  }
+  return steps;
+}
+
+}  // namespace u3m::engine
