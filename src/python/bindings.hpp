@@ -1,0 +1,11 @@
+// The pieces of the `u3m._core` extension; each binds one area of the library
+// into the module (src/python/module.cpp calls them in order).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace u3m::python {
+
+void bind_kv(pybind11::module_& m);  // bind_kv.cpp: the tiered KV store
+
+}  // namespace u3m::python
