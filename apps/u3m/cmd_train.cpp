@@ -32,6 +32,7 @@ struct TrainArgs {
   std::uint32_t cards = 4, steps = 3;
   workload::TrainConfig train;
   double max_loss = 0.05;
+  std::string fail_card;  // "K@STEP"; empty: no failure
   bool json = false;
 };
 
@@ -117,8 +118,55 @@ std::string gb(double b) {
   return fmt::format("{:.1f} GB", b / 1e9);
 }
 
+void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
+  const auto f = experiments::CardFailure::parse(a.fail_card, s.cards, "--fail-card");
+  const experiments::FailoverResult r = experiments::simulate_failover(s, f);
+  if (a.json) {
+    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    j["scenario"]["policy"] = s.policy;
+    j["scenario"]["fail_card"] = {{"card", f.card}, {"step", f.step}};
+    j["failover"] = {{"neighbour", r.neighbour},
+                     {"moved_bytes", r.moved_bytes},
+                     {"move_s", r.move_s},
+                     {"slowdown", r.slowdown},
+                     {"tokens_per_s_before", r.before.tokens_per_s},
+                     {"tokens_per_s_after", r.tokens_per_s_after},
+                     {"run_steps", f.step + experiments::kFailoverRunSteps},
+                     {"run_s", r.run_s},
+                     {"run_s_no_failure", r.run_s_no_failure},
+                     {"before", result_json(r.before)},
+                     {"after", result_json(r.after)}};
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("simulated with profile {} ({}), not measured\n", s.hw.name, s.hw.origin);
+  fmt::print("  {} on {} cards (ZeRO-3), policy {}: card {} fails before step {}\n", s.shape.name,
+             s.cards, s.policy, f.card, f.step);
+  auto line = [](const char* what, const experiments::TrainResult& t) {
+    if (!t.fits) return fmt::format("  {:<34} does not fit: {}", what, t.why);
+    return fmt::format("  {:<34} step {:.3f} s, loss {:.1f}% vs infinite HBM, optimizer on the {}",
+                       what, t.step_s, 100 * t.loss, t.optimizer_on_host ? "host" : "device");
+  };
+  fmt::print("{}\n", line("before (every card):", r.before));
+  fmt::print("{}\n",
+             line(fmt::format("after (card {}, two shards):", r.neighbour).c_str(), r.after));
+  fmt::print("  moving the failed card's shard ({}) over {}: {:.2f} s\n", gb(double(r.moved_bytes)),
+             s.hw.peer_link.kind, r.move_s);
+  if (r.before.fits && r.after.fits) {
+    fmt::print(
+        "  slowdown per step {:.1f}% (design expects 15-20%); tokens/s {:.0f} -> {:.0f} on {} "
+        "cards ({:+.1f}%)\n",
+        100 * r.slowdown, r.before.tokens_per_s, r.tokens_per_s_after, s.cards - 1,
+        100 * (r.tokens_per_s_after / r.before.tokens_per_s - 1));
+    fmt::print("  a run of {} steps takes {:.1f} s instead of {:.1f} s ({:+.1f}%)\n",
+               f.step + experiments::kFailoverRunSteps, r.run_s, r.run_s_no_failure,
+               100 * (r.run_s / r.run_s_no_failure - 1));
+  }
+}
+
 void run_sim(const TrainArgs& a) {
   experiments::TrainScenario s = scenario(a);
+  if (!a.fail_card.empty()) return run_failover(a, s);
   experiments::TrainResult r = experiments::simulate_training(s);
   if (a.json) {
     nlohmann::json j = {{"scenario", scenario_json(s)},
@@ -420,6 +468,9 @@ void add_train_commands(CLI::App& app) {
       ->capture_default_str();
   sim->add_option("--policy", a->policy, "hbm-only | static-offload | lru | u3m | oracle")
       ->capture_default_str();
+  sim->add_option("--fail-card", a->fail_card,
+                  "K@STEP: card K fails before step STEP; its shards move to card K+1 over the "
+                  "card-to-card link and training goes on (reports the slowdown)");
   add_scenario_options(sim, *a);
   sim->callback([a] { run_sim(*a); });
 

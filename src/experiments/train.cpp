@@ -1,6 +1,7 @@
 #include "u3m/experiments/train.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -303,6 +304,76 @@ TrainResult simulate_training(const TrainScenario& s) {
                                                                             : dev;
   best.trace_events = dev.trace_events + host.trace_events;
   return best;
+}
+
+CardFailure CardFailure::parse(std::string_view text, std::uint32_t cards, std::string_view flag) {
+  const std::size_t at = text.find('@');
+  auto number = [&](std::string_view part, const char* what) {
+    std::uint32_t v = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc{} || end != part.data() + part.size())
+      input_error(flag, "'{}': {} '{}' is not a non-negative integer (expected K@STEP, e.g. 1@10)",
+                  text, what, part);
+    return v;
+  };
+  if (at == std::string_view::npos)
+    input_error(flag, "'{}' is not K@STEP (card index @ step, e.g. 1@10)", text);
+  CardFailure f;
+  f.card = number(text.substr(0, at), "card");
+  f.step = number(text.substr(at + 1), "step");
+  if (cards < 2)
+    input_error(flag, "a failed card's shards need a surviving neighbour: --cards must be >= 2");
+  if (f.card >= cards)
+    input_error(flag, "card {} does not exist: cards are 0..{}", f.card, cards - 1);
+  if (f.step < 1) input_error(flag, "step must be >= 1 (the step before which the card fails)");
+  return f;
+}
+
+// Note [Card failure]
+// ZeRO-3 gives each of N cards one shard of the weights, gradients and
+// optimizer state. When card K fails, its shard moves to its neighbour
+// (K+1 mod N) over the card-to-card link, and training goes on with N-1
+// cards, each still running its own micro-batches (the global batch shrinks
+// by 1/N; keeping it would add 1/(N-1) more compute to every card, a choice
+// the user makes, not the memory system). Every card then waits at each
+// collective for the neighbour, which holds two shards: twice the sharded
+// state in its tiers and twice the optimizer work. So the step time after the
+// failure is the neighbour's, simulated with zero3_shards = 2 (with 2 cards:
+// unsharded, alone) under the same
+// policy (which re-plans, e.g. where the optimizer runs). The move itself
+// costs the shard's bytes at the link's practical bandwidth; we assume the
+// shard is readable (a peer's redundant copy, as the design assumes), not
+// reloaded from a checkpoint.
+FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f) {
+  s.validate();
+  FailoverResult r;
+  r.failure = f;
+  r.neighbour = (f.card + 1) % s.cards;
+  r.before = simulate_training(s);
+  TrainScenario after = s;
+  if (s.cards == 2) {
+    after.cards = 1;  // the survivor holds the whole state: no sharding left
+  } else {
+    after.train.zero3_shards = 2;
+  }
+  after.train.zero3_ranks = after.cards;  // as simulate_training sets it, for validate()
+  r.after = simulate_training(after);
+  workload::TrainConfig one = s.train;
+  one.zero3_ranks = s.cards;
+  const workload::analytic::TrainBytes b = workload::analytic::train_bytes(s.shape, one);
+  r.moved_bytes = b.param_bytes + b.grad_bytes + b.optimizer_bytes;
+  r.move_s =
+      double(r.moved_bytes) / s.hw.peer_link.bandwidth_practical.si + s.hw.peer_link.latency.si;
+  if (r.before.fits && r.after.fits && r.before.step_s > 0) {
+    r.slowdown = r.after.step_s / r.before.step_s - 1;
+    r.tokens_per_s_after = r.after.step_s > 0
+                               ? r.before.tokens_per_s * double(s.cards - 1) / double(s.cards) *
+                                     r.before.step_s / r.after.step_s
+                               : 0;
+    r.run_s_no_failure = double(f.step + kFailoverRunSteps) * r.before.step_s;
+    r.run_s = double(f.step) * r.before.step_s + r.move_s + kFailoverRunSteps * r.after.step_s;
+  }
+  return r;
 }
 
 std::vector<workload::ModelShape> llama_family() {

@@ -69,6 +69,10 @@ std::uint64_t shard_numel(std::uint64_t numel, std::uint32_t ranks) {
   return ranks <= 1 ? numel : (numel + ranks - 1) / ranks;
 }
 
+std::uint64_t held_numel(std::uint64_t numel, const TrainConfig& c) {
+  return shard_numel(numel, c.zero3_ranks) * c.zero3_shards;
+}
+
 std::uint64_t kv_bytes_per_token(const ModelShape& s, std::uint32_t dtype_bytes) {
   return 2ull * s.layers * s.kv_heads * s.head_dim() * dtype_bytes;
 }
@@ -101,7 +105,7 @@ TrainBytes train_bytes(const ModelShape& s, const TrainConfig& c) {
   TrainBytes r;
   const std::uint64_t wb = c.mixed_precision ? 2 : 4;
   for (const ParamSpec& p : param_specs(s, c)) {
-    const std::uint64_t shard = shard_numel(p.numel, c.zero3_ranks);
+    const std::uint64_t shard = held_numel(p.numel, c);
     r.params += p.numel;
     r.param_bytes += shard * wb;
     if (!p.trainable) continue;

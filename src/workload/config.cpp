@@ -34,6 +34,10 @@ void TrainConfig::validate() const {
   positive(micro_batch_size, "--batch");
   positive(seq_len, "--seq-len");
   positive(zero3_ranks, "--zero3-ranks");
+  positive(zero3_shards, "zero3_shards");
+  if (zero3_shards > 1 && zero3_shards >= zero3_ranks)
+    input_error("zero3_shards", "{} shards on one of {} ranks leaves no other rank", zero3_shards,
+                zero3_ranks);
   if (lora_rank > 65536) input_error("--lora-rank", "{} is larger than any projection", lora_rank);
   if (lora_rank > 0 && lora_targets.empty())
     input_error("--lora-targets", "LoRA needs at least one target projection");

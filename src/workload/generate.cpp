@@ -55,6 +55,7 @@ void train_meta(Emitter& e, const TrainConfig& c) {
   e.meta("train.zero3_ranks", std::to_string(c.zero3_ranks));
   if (c.zero3()) {
     e.meta("train.zero3_rank", "0");
+    if (c.zero3_shards > 1) e.meta("train.zero3_shards", std::to_string(c.zero3_shards));
     e.meta("train.zero3_layout",
            "weights *.shard (param), gathered *.gathered and *.grad.unsharded (workspace); "
            "all-gather/reduce-scatter ops in phase collective");

@@ -29,7 +29,7 @@ TrainJob::TrainJob(Emitter& e, const ModelShape& s, const TrainConfig& c, std::s
     for (int p = 0; p < kNumProj; ++p) lp.proj[p] = lp.lora_a[p] = lp.lora_b[p] = kNone;
   for (ParamSpec& spec : param_specs(s, c)) {
     const std::string base = name_ + "." + spec.name;
-    const std::uint64_t shard = analytic::shard_numel(spec.numel, c.zero3_ranks);
+    const std::uint64_t shard = analytic::held_numel(spec.numel, c);
     Param p{spec, 0, 0};
     if (c.zero3()) {
       p.w = e_.declare(base + ".shard", shard * wb, wdt_, Role::param, spec.layer, job_, true);
@@ -429,7 +429,7 @@ void TrainJob::build_step() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     if (!p.spec.trainable) continue;
-    const double n = static_cast<double>(analytic::shard_numel(p.spec.numel, c_.zero3_ranks));
+    const double n = static_cast<double>(analytic::held_numel(p.spec.numel, c_));
     prog_.begin(name_ + "." + p.spec.name + ".adam", OpClass::optimizer, Phase::optimizer,
                 p.spec.layer, 12 * n);
     prog_.access(p.grad, Acc::read);

@@ -66,6 +66,49 @@ TEST(TrainSim, BadScenarioNamesTheField) {
   }
 }
 
+TEST(TrainFailover, ParseNamesTheFlagAndTheProblem) {
+  CardFailure f = CardFailure::parse("2@7", 4, "--fail-card");
+  EXPECT_EQ(f.card, 2u);
+  EXPECT_EQ(f.step, 7u);
+  for (const char* bad : {"2", "x@3", "1@", "@3", "1@-2", "4@3", "1@0", "1@3x"}) {
+    try {
+      CardFailure::parse(bad, 4, "--fail-card");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--fail-card"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(CardFailure::parse("0@1", 1, "--fail-card"), InputError);  // no neighbour
+}
+
+TEST(TrainFailover, TheNeighbourCarriesTwoShardsAndEveryCardWaitsForIt) {
+  TrainScenario s;
+  s.shape = workload::preset("tiny");
+  s.hw = sim::load_profile("ascend-910b-32g");
+  s.cards = 4;
+  s.train.seq_len = 256;
+  s.policy = "lru";
+  const FailoverResult r = simulate_failover(s, CardFailure::parse("3@5", 4, "--fail-card"));
+  ASSERT_TRUE(r.before.fits) << r.before.why;
+  ASSERT_TRUE(r.after.fits) << r.after.why;
+  EXPECT_EQ(r.neighbour, 0u);  // wraps around
+  // The moved shard is one card's sharded state; the neighbour's trace holds
+  // two of them, so its optimizer work and footprint grow.
+  EXPECT_GT(r.moved_bytes, 0u);
+  EXPECT_GT(r.after.footprint, r.before.footprint);
+  EXPECT_GT(r.after.ideal_step_s, r.before.ideal_step_s);
+  EXPECT_GE(r.after.step_s, r.before.step_s);
+  EXPECT_NEAR(r.slowdown, r.after.step_s / r.before.step_s - 1, 1e-12);
+  EXPECT_NEAR(
+      r.move_s,
+      double(r.moved_bytes) / s.hw.peer_link.bandwidth_practical.si + s.hw.peer_link.latency.si,
+      1e-12);
+  // Three cards remain, each slower.
+  EXPECT_NEAR(r.tokens_per_s_after, r.before.tokens_per_s * 0.75 * r.before.step_s / r.after.step_s,
+              1e-6);
+  EXPECT_GT(r.run_s, r.run_s_no_failure);
+}
+
 TEST(TrainCli, SimJsonEmbedsScenarioProfileAndVersion) {
   auto r = u3m::testing::run_cli("train sim --model llama-1b --policy u3m --json", false);
   ASSERT_EQ(r.status, 0) << r.output;

@@ -339,6 +339,26 @@ TEST(Train, FullPrecisionHasNoMasterCopy) {
   EXPECT_EQ(analytic::train_bytes(preset("tiny"), c).optimizer_bytes, 8 * kParams);
 }
 
+TEST(Train, TwoHeldShardsDoubleTheShardedStateNotTheTraffic) {
+  TrainConfig c = small_config();
+  c.zero3_ranks = 4;
+  auto one = gen(preset("tiny"), c);
+  c.zero3_shards = 2;
+  auto two = gen(preset("tiny"), c);
+  for (Role r : {Role::param, Role::grad, Role::optim_m, Role::optim_v})
+    EXPECT_EQ(declared_bytes(two->t(), r), 2 * declared_bytes(one->t(), r));
+  EXPECT_EQ(declared_bytes(two->t(), Role::workspace), declared_bytes(one->t(), Role::workspace));
+  std::uint64_t link1 = 0, link2 = 0;
+  for (const auto& o : one->t().ops)
+    if (o.cls == trace::OpClass::collective) link1 += o.bytes;
+  for (const auto& o : two->t().ops)
+    if (o.cls == trace::OpClass::collective) link2 += o.bytes;
+  EXPECT_EQ(link1, link2);
+  c.zero3_shards = 4;  // all four on one rank: no other rank is left
+  CheckingSink sink;
+  EXPECT_THROW(generate_train(preset("tiny"), c, sink), InputError);
+}
+
 TEST(Train, BadConfigIsAnInputError) {
   TrainConfig c = small_config();
   c.seq_len = 0;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "u3m/sim/profile.hpp"
@@ -48,6 +49,31 @@ struct TrainResult {
 };
 
 TrainResult simulate_training(const TrainScenario& s);
+
+// `--fail-card K@STEP`: card K fails before step STEP (Note [Card failure]
+// in train.cpp).
+struct CardFailure {
+  std::uint32_t card = 0;
+  std::uint32_t step = 1;
+  // "K@STEP", e.g. "2@10"; InputError naming `flag` on bad syntax or range.
+  static CardFailure parse(std::string_view text, std::uint32_t cards, std::string_view flag);
+};
+
+struct FailoverResult {
+  CardFailure failure;
+  std::uint32_t neighbour = 0;    // the card that takes the failed card's shards
+  TrainResult before;             // every card, before the failure
+  TrainResult after;              // the neighbour, holding two shards: the slowest card
+  std::uint64_t moved_bytes = 0;  // the failed card's sharded state
+  double move_s = 0;              // moving it over the card-to-card link
+  double slowdown = 0;            // after.step_s / before.step_s - 1
+  double tokens_per_s_after = 0;  // the N-1 surviving cards
+  // A run of failure.step + kFailoverRunSteps steps, with and without the failure.
+  double run_s = 0, run_s_no_failure = 0;
+};
+inline constexpr std::uint32_t kFailoverRunSteps = 100;
+
+FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f);
 
 // The llama family for the sweep: shapes from ~1B to ~70B parameters, in
 // order of size (heads of 128, SwiGLU ffn = 8/3 d rounded to 256, GQA 8).

@@ -39,6 +39,8 @@ std::uint64_t lora_param_count(const ModelShape& s, std::uint32_t rank,
                                const std::vector<Proj>& targets);
 // ZeRO-3 shard: ceil(numel / ranks).
 std::uint64_t shard_numel(std::uint64_t numel, std::uint32_t ranks);
+// What this rank holds of a sharded tensor: shard_numel times c.zero3_shards.
+std::uint64_t held_numel(std::uint64_t numel, const TrainConfig& c);
 // 2 * layers * kv_heads * head_dim * bytes (K and V).
 std::uint64_t kv_bytes_per_token(const ModelShape& s, std::uint32_t dtype_bytes = 2);
 std::uint64_t kv_bytes(const ModelShape& s, std::uint64_t tokens, std::uint64_t batch,

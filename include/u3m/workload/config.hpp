@@ -46,6 +46,11 @@ struct TrainConfig {
   double lora_alpha = 32;       // recorded only; scaling costs no memory
   std::vector<Proj> lora_targets = {Proj::q, Proj::v};
   std::uint32_t zero3_ranks = 1;  // 1: unsharded; N >= 2: this trace is rank 0 of N
+  // Shards of the sharded state (weights, gradients, optimizer) this rank
+  // holds: 1, or 2 once it has taken over a failed neighbour's (`u3m train
+  // sim --fail-card`). Collective traffic is unchanged: a ring still moves
+  // N-1 shards through every rank's link.
+  std::uint32_t zero3_shards = 1;
 
   std::uint64_t tokens_per_micro_batch() const { return std::uint64_t{micro_batch_size} * seq_len; }
   bool lora() const { return lora_rank > 0; }
