@@ -3,5 +3,8 @@
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "u3m: tiered memory for LLM training and serving (C++ core)";
+  // Traces first: it registers u3m.InputError, which the others raise.
+  u3m::python::bind_trace(m);
+  u3m::python::bind_runtime(m);
   u3m::python::bind_kv(m);
 }

@@ -1,0 +1,385 @@
+// Bindings of the runtime (issue 7): an Engine on the real backends (emulated
+// device, host, optional SSD store) with a device budget, and leases that
+// Python sees as buffers (torch.frombuffer maps them without a copy).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "bindings.hpp"
+#include "u3m/engine/engine.hpp"
+#include "u3m/engine/transport.hpp"
+#include "u3m/mem/backend_source.hpp"
+#include "u3m/mem/device_emu.hpp"
+#include "u3m/mem/host.hpp"
+#include "u3m/mem/ssd_store.hpp"
+#include "u3m/util/error.hpp"
+
+namespace py = pybind11;
+
+namespace u3m::python {
+namespace {
+
+using engine::Access;
+using engine::TensorId;
+using mem::Tier;
+
+struct RuntimeOptions {
+  std::uint64_t device_budget = 0;  // bytes of the emulated device tier the engine may use
+  std::uint64_t host_budget = 0;
+  std::string ssd_dir;  // "" = no SSD tier
+  std::uint64_t ssd_capacity = 0;
+  double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
+};
+
+mem::DeviceEmuOptions device_options(const RuntimeOptions& o) {
+  mem::DeviceEmuOptions d;
+  // Twice the budget plus slack: the pool rounds small tensors into 2 MiB
+  // segments, and the budget is the engine's (tensor bytes), not the arena's.
+  d.capacity = 2 * o.device_budget + 64 * mem::MiB;
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_gbps * 1e9;
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_gbps * 1e9;
+  return d;
+}
+
+std::unique_ptr<mem::SsdStore> open_ssd(const RuntimeOptions& o) {
+  if (o.ssd_dir.empty()) return nullptr;
+  mem::SsdStoreOptions so;
+  so.path = o.ssd_dir + "/u3m-python.ssd";
+  so.capacity = o.ssd_capacity;
+  std::unique_ptr<mem::SsdStore> ssd;
+  std::string why;
+  if (!mem::ok(mem::SsdStore::open(so, ssd, &why)))
+    input_error(o.ssd_dir, "cannot open the SSD tier there: {}", why);
+  return ssd;
+}
+
+const RuntimeOptions& validated(const RuntimeOptions& o) {
+  if (o.device_budget == 0) input_error("Runtime", "device_budget must be > 0 bytes");
+  if (o.host_budget == 0) input_error("Runtime", "host_budget must be > 0 bytes");
+  if (!o.ssd_dir.empty() && o.ssd_capacity == 0)
+    input_error("Runtime", "ssd_capacity must be > 0 bytes with ssd_dir '{}'", o.ssd_dir);
+  if (!(o.h2d_gbps >= 0) || !(o.d2h_gbps >= 0))
+    input_error("Runtime", "h2d_gbps and d2h_gbps must be >= 0, got {} and {}", o.h2d_gbps,
+                o.d2h_gbps);
+  return o;
+}
+
+// The whole stack, owned together; members are built in declaration order
+// and torn down in reverse (the engine first: it waits for its transfers).
+class Runtime {
+ public:
+  explicit Runtime(const RuntimeOptions& o)
+      : opt_(validated(o)),
+        device_(device_options(o)),
+        source_(device_),
+        pool_(source_, pool_config(o)),
+        host_(mem::HostOptions{}),
+        ssd_(open_ssd(o)),
+        transport_(device_, ssd_.get()),
+        engine_(engine_config(o), pool_, host_, transport_, clock_) {}
+
+  engine::Engine& engine() { return engine_; }
+  const RuntimeOptions& options() const { return opt_; }
+  bool has_ssd() const { return ssd_ != nullptr; }
+
+ private:
+  mem::PoolConfig pool_config(const RuntimeOptions& o) {
+    mem::PoolConfig pc;
+    pc.capacity = device_options(o).capacity;
+    pc.expandable_segments = source_.supports_vmm();
+    return pc;
+  }
+  static engine::EngineConfig engine_config(const RuntimeOptions& o) {
+    engine::EngineConfig c;
+    c.device.capacity = o.device_budget;
+    c.host.capacity = o.host_budget;
+    c.validate();
+    return c;
+  }
+
+  RuntimeOptions opt_;
+  mem::DeviceEmuBackend device_;
+  mem::BackendSegmentSource source_;
+  mem::DevicePool pool_;
+  mem::HostBackend host_;
+  std::unique_ptr<mem::SsdStore> ssd_;
+  engine::BackendTransport transport_;
+  engine::SteadyClock clock_;
+  engine::Engine engine_;
+};
+
+// A lease as Python holds it. It keeps the runtime alive, so a buffer (and a
+// tensor made from it) never outlives the arena; the data is only valid until
+// release(), which the buffer protocol enforces for new views (existing views
+// cannot be revoked: the caller must drop them, u3m.torch does).
+struct PyLease {
+  std::shared_ptr<Runtime> rt;
+  engine::Lease lease;
+  bool released = false;
+};
+
+// Engine statuses that are not ok become u3m.EngineError naming the call.
+class EngineError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(std::string_view call, TensorId id, mem::Status s) {
+  throw EngineError(fmt::format("{}(tensor {}): {}", call, id, mem::to_string(s)));
+}
+
+Tier parse_tier(const std::string& s, bool ssd_ok) {
+  if (s == "device") return Tier::device;
+  if (s == "host") return Tier::host;
+  if (ssd_ok && s == "ssd") return Tier::ssd;
+  input_error("tier", "expected {}, got '{}'", ssd_ok ? "device, host or ssd" : "device or host",
+              s);
+}
+
+Access parse_access(const std::string& s) {
+  if (s == "read") return Access::read;
+  if (s == "write") return Access::write;
+  input_error("access", "expected read or write, got '{}'", s);
+}
+
+std::uint64_t budget_arg(const py::object& o, const char* what) {
+  const long long v = o.cast<long long>();
+  if (v < 0) input_error("Runtime", "{} must be >= 0 bytes, got {}", what, v);
+  return static_cast<std::uint64_t>(v);
+}
+
+py::dict tier_report(const mem::TierReport& r) {
+  py::dict d;
+  d["tier"] = std::string(mem::to_string(r.tier));
+  d["used"] = r.used;
+  d["capacity"] = r.capacity;
+  d["peak"] = r.peak;
+  d["fraction"] = r.fraction;
+  d["warnings"] = r.warnings;
+  d["criticals"] = r.criticals;
+  d["time_to_oom_s"] = r.time_to_oom_s;
+  return d;
+}
+
+py::dict stats_dict(const engine::EngineStats& s) {
+  py::dict d;
+  d["tensors"] = s.tensors;
+  py::dict used, peak;
+  for (int t = 0; t < mem::kNumTiers; ++t) {
+    const std::string name(mem::to_string(static_cast<Tier>(t)));
+    used[py::str(name)] = s.used[t];
+    peak[py::str(name)] = s.peak[t];
+  }
+  d["used"] = used;
+  d["peak"] = peak;
+  py::dict links;
+  for (int l = 0; l < engine::kNumLinks; ++l) {
+    const engine::LinkStats& x = s.links[l];
+    py::dict ld;
+    ld["transfers"] = x.transfers;
+    ld["bytes"] = x.bytes;
+    ld["failures"] = x.failures;
+    ld["busy_s"] = static_cast<double>(x.busy_ns) * 1e-9;
+    links[py::str(std::string(engine::to_string(static_cast<engine::Link>(l))))] = ld;
+  }
+  d["links"] = links;
+  d["acquires"] = s.acquires;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["prefetches"] = s.prefetches;
+  d["prefetch_hits"] = s.prefetch_hits;
+  d["evictions"] = s.evictions;
+  d["clean_drops"] = s.clean_drops;
+  d["stall_s"] = static_cast<double>(s.stall_ns) * 1e-9;
+  d["io_errors"] = s.io_errors;
+  d["corrupt_reads"] = s.corrupt_reads;
+  d["lost_tensors"] = s.lost_tensors;
+  d["oom"] = s.oom;
+  return d;
+}
+
+extern "C" int lease_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
+  try {
+    auto& l = py::cast<PyLease&>(py::handle(obj));
+    if (l.released) {
+      PyErr_SetString(PyExc_BufferError,
+                      fmt::format("lease of tensor {} was released", l.lease.id).c_str());
+      return -1;
+    }
+    // Fails with BufferError if a writable view of a read lease is asked for.
+    return PyBuffer_FillInfo(view, obj, l.lease.ptr, static_cast<Py_ssize_t>(l.lease.bytes),
+                             l.lease.access == Access::read ? 1 : 0, flags);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_BufferError, e.what());
+    return -1;
+  }
+}
+
+PyLease make_lease(const std::shared_ptr<Runtime>& rt, const engine::Lease& l) {
+  return PyLease{rt, l, false};
+}
+
+}  // namespace
+
+void bind_runtime(py::module_& m) {
+  py::register_exception<EngineError>(m, "EngineError", PyExc_RuntimeError);
+
+  py::class_<PyLease> lease(
+      m, "Lease", py::buffer_protocol(),
+      "A pinned copy of a tensor's bytes; valid until Runtime.release(lease). "
+      "Supports the buffer protocol (writable for write leases).");
+  // Our own getbuffer slot: pybind11's cannot raise (an exception thrown in
+  // a def_buffer callback terminates the process), and a released lease must
+  // refuse new views with a BufferError that says why.
+  auto* type = reinterpret_cast<PyTypeObject*>(lease.ptr());
+  type->tp_as_buffer->bf_getbuffer = lease_getbuffer;
+  type->tp_as_buffer->bf_releasebuffer = nullptr;
+  PyType_Modified(type);
+  lease.def_property_readonly("id", [](const PyLease& l) { return l.lease.id; })
+      .def_property_readonly("nbytes", [](const PyLease& l) { return l.lease.bytes; })
+      .def_property_readonly(
+          "tier", [](const PyLease& l) { return std::string(mem::to_string(l.lease.tier)); })
+      .def_property_readonly("writable",
+                             [](const PyLease& l) { return l.lease.access == Access::write; })
+      .def_property_readonly("released", [](const PyLease& l) { return l.released; })
+      .def_property_readonly(
+          "address", [](const PyLease& l) { return reinterpret_cast<std::uintptr_t>(l.lease.ptr); })
+      .def("__repr__", [](const PyLease& l) {
+        return fmt::format("<u3m.Lease tensor={} bytes={} tier={} {}{}>", l.lease.id, l.lease.bytes,
+                           mem::to_string(l.lease.tier),
+                           l.lease.access == Access::write ? "write" : "read",
+                           l.released ? " released" : "");
+      });
+
+  py::class_<Runtime, std::shared_ptr<Runtime>>(
+      m, "Runtime",
+      "The u3m engine on an emulated device (a capacity-limited arena in host memory), host "
+      "memory and an optional SSD store (docs/runtime.md, docs/pytorch.md).")
+      .def(py::init([](const py::object& device_budget, const py::object& host_budget,
+                       const std::string& ssd_dir, const py::object& ssd_capacity, double h2d_gbps,
+                       double d2h_gbps) {
+             RuntimeOptions o;
+             o.device_budget = budget_arg(device_budget, "device_budget");
+             o.host_budget = budget_arg(host_budget, "host_budget");
+             o.ssd_dir = ssd_dir;
+             o.ssd_capacity = budget_arg(ssd_capacity, "ssd_capacity");
+             o.h2d_gbps = h2d_gbps;
+             o.d2h_gbps = d2h_gbps;
+             return std::make_shared<Runtime>(o);
+           }),
+           py::arg("device_budget"), py::arg("host_budget") = py::int_(1ll << 30),
+           py::arg("ssd_dir") = "", py::arg("ssd_capacity") = py::int_(0),
+           py::arg("h2d_gbps") = 0.0, py::arg("d2h_gbps") = 0.0)
+      .def_property_readonly("device_budget",
+                             [](const Runtime& r) { return r.options().device_budget; })
+      .def_property_readonly("host_budget",
+                             [](const Runtime& r) { return r.options().host_budget; })
+      .def_property_readonly("has_ssd", &Runtime::has_ssd)
+      .def(
+          "add",
+          [](Runtime& r, TensorId id, std::uint64_t bytes) {
+            const mem::Status s = r.engine().add(id, bytes);
+            if (!mem::ok(s)) fail("add", id, s);
+          },
+          py::arg("id"), py::arg("nbytes"), "Registers a tensor of nbytes (> 0) with no data yet.")
+      .def(
+          "remove",
+          [](Runtime& r, TensorId id) {
+            const mem::Status s = r.engine().remove(id);
+            if (s == mem::Status::busy) return false;
+            if (!mem::ok(s)) fail("remove", id, s);
+            return true;
+          },
+          py::arg("id"), "Forgets a tensor; False (and nothing done) while it is leased or moving.")
+      .def(
+          "acquire",
+          [](const std::shared_ptr<Runtime>& r, TensorId id, const std::string& tier,
+             const std::string& access) {
+            const Tier t = parse_tier(tier, false);
+            const Access a = parse_access(access);
+            engine::Lease l;
+            mem::Status s;
+            {
+              py::gil_scoped_release nogil;  // may wait for a fetch or for room
+              s = r->engine().acquire(id, t, a, &l);
+            }
+            if (!mem::ok(s)) fail("acquire", id, s);
+            return make_lease(r, l);
+          },
+          py::arg("id"), py::arg("tier") = "device", py::arg("access") = "read",
+          "Blocks until the tensor is in `tier` for `access`; returns a Lease.")
+      .def(
+          "try_acquire",
+          [](const std::shared_ptr<Runtime>& r, TensorId id, const std::string& tier,
+             const std::string& access) -> py::object {
+            engine::Lease l;
+            const mem::Status s =
+                r->engine().try_acquire(id, parse_tier(tier, false), parse_access(access), &l);
+            if (s == mem::Status::busy) return py::none();
+            if (!mem::ok(s)) fail("try_acquire", id, s);
+            return py::cast(make_lease(r, l));
+          },
+          py::arg("id"), py::arg("tier") = "device", py::arg("access") = "read",
+          "A Lease if it can be granted now, else None (the fetch is scheduled).")
+      .def(
+          "release",
+          [](Runtime& r, PyLease& l) {
+            if (l.rt.get() != &r) input_error("release", "the lease belongs to another Runtime");
+            if (l.released)
+              throw EngineError(fmt::format("release(tensor {}): already released", l.lease.id));
+            const mem::Status s = r.engine().release(l.lease);
+            if (!mem::ok(s)) fail("release", l.lease.id, s);
+            l.released = true;
+          },
+          py::arg("lease"))
+      .def(
+          "prefetch",
+          [](Runtime& r, TensorId id, const std::string& tier) {
+            const mem::Status s = r.engine().prefetch(id, parse_tier(tier, false));
+            if (!mem::ok(s)) fail("prefetch", id, s);
+          },
+          py::arg("id"), py::arg("tier") = "device")
+      .def(
+          "evict",
+          [](Runtime& r, TensorId id, const std::string& from) {
+            const mem::Status s = r.engine().evict(id, parse_tier(from, false));
+            if (!mem::ok(s)) fail("evict", id, s);
+          },
+          py::arg("id"), py::arg("tier") = "device",
+          "Moves the tensor's data out of `tier` (asynchronously, write-back priority).")
+      .def(
+          "drain",
+          [](Runtime& r) {
+            py::gil_scoped_release nogil;
+            r.engine().drain();
+          },
+          "Waits until no transfer is running.")
+      .def(
+          "residency",
+          [](Runtime& r, TensorId id) -> py::object {
+            const auto res = r.engine().residency(id);
+            if (!res) return py::none();
+            py::dict d;
+            py::list valid;
+            for (int t = 0; t < mem::kNumTiers; ++t)
+              if (res->valid[t]) valid.append(std::string(mem::to_string(static_cast<Tier>(t))));
+            d["valid"] = valid;
+            d["in_flight"] = res->in_flight;
+            d["readers"] = res->readers;
+            d["writer"] = res->writer;
+            d["lost"] = res->lost;
+            return d;
+          },
+          py::arg("id"), "Where the tensor's latest data is, or None if not registered.")
+      .def("stats", [](Runtime& r) { return stats_dict(r.engine().stats()); })
+      .def(
+          "monitor",
+          [](Runtime& r, const std::string& tier) {
+            return tier_report(r.engine().monitor(parse_tier(tier, true)));
+          },
+          py::arg("tier") = "device");
+}
+
+}  // namespace u3m::python
