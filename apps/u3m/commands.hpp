@@ -14,6 +14,7 @@ void add_hw_commands(CLI::App& app);        // cmd_hw.cpp: hw show|calibrate (si
 void add_requests_commands(CLI::App& app);  // cmd_requests.cpp: requests import|gen|stats
 void add_run_commands(CLI::App& app);       // cmd_run.cpp: run replay (runtime under a budget)
 void add_train_commands(CLI::App& app);     // cmd_train.cpp: train sim|capacity (simulated)
+void add_serve_commands(CLI::App& app);     // cmd_serve.cpp: serve sim|capacity (simulated)
 void add_bench_copy_command(CLI::App& bench);   // cmd_bench_copy.cpp (device-emu, host)
 void add_bench_ssd_command(CLI::App& bench);    // cmd_bench_ssd.cpp (SSD store)
 void add_bench_alloc_command(CLI::App& bench);  // cmd_bench_alloc.cpp (pool allocator)

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   u3m::cli::add_mem_commands(app);
   u3m::cli::add_run_commands(app);
   u3m::cli::add_train_commands(app);
+  u3m::cli::add_serve_commands(app);
   u3m::cli::add_hw_commands(app);
   u3m::cli::add_requests_commands(app);
   try {

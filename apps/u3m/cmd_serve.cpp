@@ -1,0 +1,402 @@
+// u3m serve sim | capacity: the serving experiments of issue 6
+// (docs/serving.md). Every figure is simulated with a named hardware
+// profile, never measured, and says so.
+#include <charconv>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "u3m/experiments/serve.hpp"
+#include "u3m/sim/profile_json.hpp"
+#include "u3m/util/error.hpp"
+#include "u3m/workload/rag.hpp"
+
+namespace u3m::cli {
+namespace {
+
+constexpr const char* kVersion = "u3m 0.1.0";
+
+struct ServeArgs {
+  std::string requests, model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
+  std::string policies = "hbm-only,u3m";
+  std::uint32_t cards = 4, limit = 0;
+  double slo_ttft_ms = 0, slo_tpot_ms = 0, slo_ttft_factor = -1, rate_scale = 1;
+  experiments::ServeScenario knobs;  // the remaining scenario fields, with their defaults
+  bool json = false;
+};
+
+double number(std::string_view v, std::string_view where) {
+  double x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || p != v.data() + v.size()) input_error(where, "'{}' is not a number", v);
+  return x;
+}
+
+std::uint32_t count(std::string_view v, std::string_view where) {
+  const double x = number(v, where);
+  if (!(x >= 0 && x <= 4e9) || x != std::floor(x))
+    input_error(where, "'{}' is not a non-negative integer", v);
+  return static_cast<std::uint32_t>(x);
+}
+
+// "rag" or "rag:KEY=V,...": the built-in RAG generator (docs/serving.md).
+std::vector<workload::ServeRequest> rag_requests(std::string_view spec, std::string* label) {
+  workload::RagConfig c;
+  std::string_view rest = spec.substr(3);
+  if (!rest.empty()) {
+    if (rest.front() != ':') input_error("--requests", "'{}': expected rag or rag:KEY=V,...", spec);
+    rest.remove_prefix(1);
+  }
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      input_error("--requests", "'{}': expected KEY=V in '{}'", item, spec);
+    const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
+    const std::string where = fmt::format("--requests rag key '{}'", k);
+    if (k == "requests")
+      c.requests = count(v, where);
+    else if (k == "rate")
+      c.rate_per_s = number(v, where);
+    else if (k == "system")
+      c.system_tokens = count(v, where);
+    else if (k == "corpus")
+      c.corpus = count(v, where);
+    else if (k == "passages")
+      c.passages_per_request = count(v, where);
+    else if (k == "zipf")
+      c.zipf_s = number(v, where);
+    else if (k == "passage-len")
+      c.passage = workload::LengthDist::parse(v, where);
+    else if (k == "question-len")
+      c.question = workload::LengthDist::parse(v, where);
+    else if (k == "output-len")
+      c.output = workload::LengthDist::parse(v, where);
+    else if (k == "order") {
+      if (v != "sorted" && v != "rank") input_error(where, "'{}': expected rank or sorted", v);
+      c.sort_passages = v == "sorted";
+    } else if (k == "turns")
+      c.turns = count(v, where);
+    else if (k == "seed")
+      c.seed = count(v, where);
+    else
+      input_error("--requests",
+                  "unknown rag key '{}' (keys: requests, rate, system, corpus, "
+                  "passages, zipf, passage-len, question-len, output-len, order, turns, seed)",
+                  k);
+  }
+  c.validate();
+  *label = "RAG generator: " + c.describe();
+  return workload::generate_rag(c);
+}
+
+experiments::ServeScenario scenario(const ServeArgs& a) {
+  experiments::ServeScenario s = a.knobs;
+  s.shape = workload::preset(a.model);
+  s.hw = sim::load_profile(a.hw);
+  s.cards = a.cards;
+  s.policy = a.policy;
+  s.rate_scale = a.rate_scale;
+  s.slo = {a.slo_ttft_ms, a.slo_tpot_ms, a.slo_ttft_factor};
+  if (a.requests == "rag" || a.requests.starts_with("rag:")) {
+    s.requests = rag_requests(a.requests, &s.requests_label);
+  } else {
+    s.requests = workload::load_requests(a.requests);
+    s.requests_label = a.requests;
+  }
+  if (a.limit && s.requests.size() > a.limit) {
+    s.requests.resize(a.limit);
+    s.requests_label += fmt::format(" (first {} requests)", a.limit);
+  }
+  if (s.requests.empty()) input_error(a.requests, "no requests");
+  s.validate();
+  return s;
+}
+
+std::string label(const experiments::ServeScenario& s) {
+  return fmt::format("simulated (profile {}, model {}, cards {})", s.hw.name, s.shape.name,
+                     s.cards);
+}
+
+nlohmann::json scenario_json(const experiments::ServeScenario& s) {
+  const experiments::ServeSlo slo = s.effective_slo();
+  const auto& front = s.requests.front();
+  return {{"requests", s.requests_label},
+          {"request_count", s.requests.size()},
+          {"model", s.shape.name},
+          {"hw", s.hw.name},
+          {"cards", s.cards},
+          {"tensor_parallel", s.cards},
+          {"rate_scale", s.rate_scale},
+          {"slo",
+           {{"ttft_ms", slo.ttft_ms},
+            {"tpot_ms", slo.tpot_ms},
+            {"meets", fmt::format(">= {:g}% of requests meet both", 100 * s.meet_fraction)}}},
+          {"unloaded_prefill_ms_first_request",
+           1e3 * experiments::prefill_seconds(s, front.prompt_tokens())},
+          {"unloaded_decode_step_ms_first_request",
+           1e3 * experiments::decode_step_seconds(s, front.prompt_tokens())},
+          {"block_tokens", s.block_tokens},
+          {"layers_per_group", s.layers_per_group},
+          {"max_batch_tokens", s.max_batch_tokens},
+          {"max_running", s.max_running},
+          {"hbm_utilization", s.hbm_utilization},
+          {"dram_kv_fraction", s.dram_kv_fraction},
+          {"ssd_bytes_per_card", s.ssd_bytes_per_card},
+          {"spill_rate_bytes_per_s", s.spill_rate},
+          {"spread_ties", s.spread_ties},
+          {"figures", label(s)},
+          {"version", kVersion}};
+}
+
+nlohmann::json pct(const experiments::Percentiles& p) {
+  return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}};
+}
+
+nlohmann::json result_json(const experiments::ServeResult& r) {
+  static const char* tiers[] = {"hbm", "dram", "ssd"};
+  static const char* links[] = {"d2h", "h2d", "h2s", "s2h"};
+  nlohmann::json by_tier, by_link;
+  for (int t = 0; t < kv::kTiers; ++t)
+    by_tier[tiers[t]] = {{"capacity", r.capacity_bytes[t]}, {"peak", r.peak_bytes[t]}};
+  for (int l = 0; l < 4; ++l)
+    by_link[links[l]] = {{"bytes", r.links[l].bytes},
+                         {"transfers", r.links[l].transfers},
+                         {"busy_s", r.links[l].busy_s}};
+  by_link["peer"] = {{"bytes_per_card", r.peer.bytes}, {"transfers", r.peer.transfers}};
+  const kv::KvStats& k = r.kv;
+  return {{"goodput_rps", r.goodput_rps},
+          {"throughput_rps", r.throughput_rps},
+          {"met_fraction", r.met_fraction},
+          {"ttft_ms", pct(r.ttft_ms)},
+          {"tpot_ms", pct(r.tpot_ms)},
+          {"kv_hit_rate", r.kv_hit_rate},
+          {"recomputed_share_of_hits", r.recomputed_share},
+          {"max_concurrency", r.max_concurrency},
+          {"bytes_by_tier", by_tier},
+          {"bytes_by_link", by_link},
+          {"requests", r.requests},
+          {"finished", r.finished},
+          {"too_large", r.too_large},
+          {"met", r.met},
+          {"stopped_early", r.stopped_early},
+          {"span_s", r.span_s},
+          {"makespan_s", r.makespan_s},
+          {"iterations", r.iterations},
+          {"busy_s", r.busy_s},
+          {"kv_stream_wait_s", r.kv_wait_s},
+          {"queue",
+           {{"queued", k.queued},
+            {"peak_queue", k.peak_queue},
+            {"refused_queue_full_retried", r.retried_submits},
+            {"admitted", k.admitted}}},
+          {"spilled_bytes", r.spilled_bytes},
+          {"alerts", r.alerts},
+          {"first_alert_s", r.first_alert_s},
+          {"hits_by_tier_blocks",
+           {{"hbm", k.hit_blocks_by_tier[0]},
+            {"dram", k.hit_blocks_by_tier[1]},
+            {"ssd", k.hit_blocks_by_tier[2]}}},
+          {"slo", {{"ttft_ms", r.slo.ttft_ms}, {"tpot_ms", r.slo.tpot_ms}}}};
+}
+
+void print_header(const experiments::ServeScenario& s) {
+  const experiments::ServeSlo slo = s.effective_slo();
+  fmt::print("{}; not measured\n", label(s));
+  fmt::print("  requests: {} ({} requests)\n", s.requests_label, s.requests.size());
+  fmt::print(
+      "  SLOs: TTFT <= {:g} ms{}, TPOT <= {:g} ms; meets = >= {:g}% of requests meet both "
+      "(unloaded on this profile: first request's prefill {:.1f} ms, decode step {:.1f} ms)\n",
+      slo.ttft_ms,
+      slo.ttft_prefill_factor > 0
+          ? fmt::format(" or {:g}x the request's unloaded prefill if longer",
+                        slo.ttft_prefill_factor)
+          : "",
+      slo.tpot_ms, 100 * s.meet_fraction,
+      1e3 * experiments::prefill_seconds(s, s.requests.front().prompt_tokens()),
+      1e3 * experiments::decode_step_seconds(s, s.requests.front().prompt_tokens()));
+}
+
+void print_row_header() {
+  fmt::print("  {:<11} {:>10} {:>9} {:>20} {:>20} {:>7} {:>6} {:>8} {:>8}\n", "policy", "goodput/s",
+             "met", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "KV hit", "max cc", "too big",
+             "queued");
+}
+
+void print_row(const std::string& name, const experiments::ServeResult& r) {
+  fmt::print("  {:<11} {:>10.3f} {:>8.1f}% {:>20} {:>20} {:>6.1f}% {:>6} {:>8} {:>8}\n", name,
+             r.goodput_rps, 100 * r.met_fraction,
+             fmt::format("{:.0f}/{:.0f}/{:.0f}", r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99),
+             fmt::format("{:.1f}/{:.1f}/{:.1f}", r.tpot_ms.p50, r.tpot_ms.p90, r.tpot_ms.p99),
+             100 * r.kv_hit_rate, r.max_concurrency, r.too_large, r.kv.queued);
+}
+
+void print_detail(const experiments::ServeResult& r) {
+  auto gb = [](double b) { return fmt::format("{:.1f} GB", b / 1e9); };
+  fmt::print("    {}: KV HBM {} (peak {}), DRAM {} (peak {}), SSD {} (peak {})\n", r.policy,
+             gb(double(r.capacity_bytes[0])), gb(double(r.peak_bytes[0])),
+             gb(double(r.capacity_bytes[1])), gb(double(r.peak_bytes[1])),
+             gb(double(r.capacity_bytes[2])), gb(double(r.peak_bytes[2])));
+  fmt::print(
+      "      links: d2h {}, h2d {}, h2s {}, s2h {}; waited for DRAM KV {:.2f} s of {:.2f} s busy; "
+      "hits by tier (blocks) HBM {} DRAM {} SSD {}, {:.0f}% of hits recomputed; spilled {}, "
+      "alerts {}\n",
+      gb(double(r.links[0].bytes)), gb(double(r.links[1].bytes)), gb(double(r.links[2].bytes)),
+      gb(double(r.links[3].bytes)), r.kv_wait_s, r.busy_s, r.kv.hit_blocks_by_tier[0],
+      r.kv.hit_blocks_by_tier[1], r.kv.hit_blocks_by_tier[2], 100 * r.recomputed_share,
+      gb(double(r.spilled_bytes)), r.alerts);
+}
+
+bool tty(const ServeArgs& a) {
+  return isatty(STDERR_FILENO) && !a.json;
+}
+
+void run_sim(const ServeArgs& a) {
+  const experiments::ServeScenario s = scenario(a);
+  if (tty(a)) fmt::print(stderr, "  simulating {} requests...", s.requests.size());
+  const experiments::ServeResult r = experiments::simulate_serving(s);
+  if (tty(a)) fmt::print(stderr, "\r\033[K");
+  if (a.json) {
+    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    j["scenario"]["kv_policy"] = s.policy;
+    j["policies"][s.policy] = result_json(r);
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  print_header(s);
+  fmt::print("  arrivals scaled by {:g} (span {:.1f} s)\n", s.rate_scale, r.span_s);
+  print_row_header();
+  print_row(s.policy, r);
+  print_detail(r);
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  for (std::size_t b = 0; b <= list.size();) {
+    std::size_t e = list.find(',', b);
+    if (e == std::string::npos) e = list.size();
+    out.push_back(list.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+void run_capacity(const ServeArgs& a) {
+  ServeArgs base = a;
+  base.policy = "hbm-only";
+  const experiments::ServeScenario s = scenario(base);
+  const std::vector<std::string> pols = split(a.policies);
+  for (const std::string& p : pols) experiments::serve_policy(p);  // names a bad one first
+  auto progress = [&](const std::string& what) {
+    if (tty(a)) fmt::print(stderr, "\r\033[K  simulating {}", what);
+  };
+  const auto rows = experiments::serving_capacity(s, pols, progress);
+  if (tty(a)) fmt::print(stderr, "\r\033[K");
+  double base_goodput = 0;
+  for (const auto& r : rows)
+    if (r.policy == "hbm-only") base_goodput = r.at.goodput_rps;
+  if (a.json) {
+    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    j["scenario"].erase("rate_scale");
+    j["scenario"]["search"] = "highest arrival-rate scale meeting the SLOs (docs/serving.md)";
+    j["policies"] = nlohmann::json::object();
+    for (const auto& r : rows) {
+      nlohmann::json p = result_json(r.at);
+      p["rate_scale"] = r.rate_scale;
+      p["rate_rps"] = r.rate_rps;
+      p["goodput_vs_hbm_only"] = base_goodput > 0 ? r.at.goodput_rps / base_goodput : 0.0;
+      nlohmann::json tried = nlohmann::json::array();
+      for (const auto& [scale, met] : r.tried)
+        tried.push_back({{"rate_scale", scale}, {"met_fraction", met}});
+      p["tried"] = tried;
+      j["policies"][r.policy] = p;
+    }
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  print_header(s);
+  fmt::print("  capacity: per policy, the highest arrival-rate scale meeting the SLOs\n");
+  fmt::print("  {:<11} {:>10} {:>10} {:>11}\n", "policy", "rate scale", "rate/s", "vs hbm-only");
+  for (const auto& r : rows) {
+    fmt::print("  {:<11} {:>10.3f} {:>10.3f} {:>10.2f}x\n", r.policy, r.rate_scale, r.rate_rps,
+               base_goodput > 0 ? r.at.goodput_rps / base_goodput : 0.0);
+  }
+  fmt::print("  at each policy's capacity:\n");
+  print_row_header();
+  for (const auto& r : rows) print_row(r.policy, r.at);
+  for (const auto& r : rows) print_detail(r.at);
+}
+
+void add_common(CLI::App* c, ServeArgs& a) {
+  c->add_option("--requests", a.requests,
+                "Request trace (u3m jsonl, Mooncake jsonl, Azure csv; .gz ok), or 'rag' / "
+                "'rag:KEY=V,...' for the built-in RAG generator (keys: requests, rate, system, "
+                "corpus, passages, zipf, passage-len, question-len, output-len, order, turns, "
+                "seed)")
+      ->required();
+  c->add_option("--model", a.model, "Model preset: llama2-13b, llama3-8b, tiny, tiny-mha")
+      ->capture_default_str();
+  c->add_option("--hw", a.hw, "Hardware profile: a built-in name (u3m hw show) or a TOML file")
+      ->capture_default_str();
+  c->add_option("--cards", a.cards, "Cards, serving as one tensor-parallel group")
+      ->capture_default_str();
+  c->add_option("--slo-ttft-ms", a.slo_ttft_ms, "TTFT SLO in ms (0: the model's default)")
+      ->capture_default_str();
+  c->add_option("--slo-ttft-factor", a.slo_ttft_factor,
+                "A request's TTFT SLO is max(--slo-ttft-ms, this x its unloaded prefill); 0: "
+                "the flat --slo-ttft-ms (default 5)");
+  c->add_option("--slo-tpot-ms", a.slo_tpot_ms, "TPOT SLO in ms (0: the model's default)")
+      ->capture_default_str();
+  c->add_option("--limit", a.limit, "Use only the first N requests (0: all)")
+      ->capture_default_str();
+  c->add_option("--max-batch-tokens", a.knobs.max_batch_tokens,
+                "Tokens per iteration: decodes plus prefill chunks")
+      ->capture_default_str();
+  c->add_option("--block-tokens", a.knobs.block_tokens, "Tokens per KV block")
+      ->capture_default_str();
+  c->add_option("--meet-fraction", a.knobs.meet_fraction,
+                "Share of requests that must meet both SLOs")
+      ->capture_default_str();
+  c->add_flag("!--no-spread-ties", a.knobs.spread_ties,
+              "Replay equal timestamps as one burst (default: spread them over the gap to the "
+              "next timestamp, undoing coarse trace clocks such as Mooncake's 3 s steps)");
+  c->add_flag("--json", a.json, "One JSON object with the scenario, the profile and the version");
+}
+
+}  // namespace
+
+void add_serve_commands(CLI::App& app) {
+  auto* serve = app.add_subcommand(
+      "serve", "Simulated LLM serving with the tiered KV cache (docs/serving.md)");
+  serve->require_subcommand(1);
+  auto a = std::make_shared<ServeArgs>();
+
+  auto* sim = serve->add_subcommand(
+      "sim",
+      "Simulate serving a request trace with continuous batching under a KV policy: TTFT and "
+      "TPOT percentiles, goodput under the SLOs, KV hit rate, bytes per tier and link");
+  add_common(sim, *a);
+  sim->add_option("--kv-policy", a->policy, "hbm-only | u3m | u3m-dram | u3m-design | u3m-pgdsf")
+      ->capture_default_str();
+  sim->add_option("--rate-scale", a->rate_scale,
+                  "Divide arrival times by this (2 = twice the request rate)")
+      ->capture_default_str();
+  sim->callback([a] { run_sim(*a); });
+
+  auto* cap = serve->add_subcommand(
+      "capacity",
+      "For each policy, the highest request rate (arrival times scaled) that meets the SLOs, "
+      "and its goodput against hbm-only");
+  add_common(cap, *a);
+  cap->add_option("--policies", a->policies, "Comma-separated KV policies")->capture_default_str();
+  cap->callback([a] { run_capacity(*a); });
+}
+
+}  // namespace u3m::cli

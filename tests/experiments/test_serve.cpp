@@ -1,0 +1,256 @@
+// The serving simulator (issue 6): timing of continuous batching against the
+// profile's costs, prefix caching in the baseline, admission control, the
+// bounded queue, spill throttling and the DRAM alert, recompute-or-fetch, the
+// capacity search, and the CLI end to end.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include "cli_testing.hpp"
+#include "u3m/experiments/serve.hpp"
+#include "u3m/util/error.hpp"
+#include "u3m/workload/analytic.hpp"
+#include "u3m/workload/rag.hpp"
+
+namespace u3m::experiments {
+namespace {
+
+using workload::PromptSegment;
+using workload::ServeRequest;
+
+ServeRequest req(double t_ms, std::vector<PromptSegment> prompt, std::uint32_t out) {
+  ServeRequest r;
+  r.timestamp_ms = t_ms;
+  r.prompt = std::move(prompt);
+  r.output_tokens = out;
+  return r;
+}
+
+ServeScenario base(const std::string& model, const std::string& policy) {
+  ServeScenario s;
+  s.shape = workload::preset(model);
+  s.hw = sim::load_profile("ascend-910b-32g");
+  s.cards = 4;
+  s.policy = policy;
+  return s;
+}
+
+// Shrinks HBM so the KV budget is `slots` block-manager slots.
+void kv_slots(ServeScenario& s, double slots) {
+  const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
+  const double weights = 2.0 * double(workload::analytic::param_count(s.shape));
+  s.hw.device.hbm_capacity.si =
+      (weights + (slots + 0.5) * double(g.slot_bytes())) / (s.cards * s.hbm_utilization);
+}
+
+std::vector<ServeRequest> rag(std::uint32_t n, double rate, std::uint64_t seed = 1) {
+  workload::RagConfig c;
+  c.requests = n;
+  c.rate_per_s = rate;
+  c.corpus = 200;
+  c.seed = seed;
+  return workload::generate_rag(c);
+}
+
+TEST(ServeSim, LoneRequestTtftIsItsPrefillAndTpotItsDecodeSteps) {
+  ServeScenario s = base("llama3-8b", "hbm-only");
+  const std::uint32_t prompt = 5000, out = 9;  // 5000 > 2048: chunked prefill
+  s.requests = {req(100, {{"p", prompt}}, out)};
+  const ServeResult r = simulate_serving(s);
+  ASSERT_EQ(r.finished, 1u);
+  const ServeRequestResult& q = r.per_request[0];
+  EXPECT_NEAR(q.first_token_s - q.arrival_s, prefill_seconds(s, prompt), 1e-12);
+  double decode = 0;
+  for (std::uint32_t i = 1; i < out; ++i) decode += decode_step_seconds(s, prompt + i - 1);
+  EXPECT_NEAR(q.finish_s - q.first_token_s, decode, 1e-12);
+  EXPECT_NEAR(r.tpot_ms.p50, 1e3 * decode / (out - 1), 1e-9);
+  // Sanity of the roofline: prefill is compute bound (~2 * 8e9 FLOPs a token
+  // on 4 x 354 TFLOP/s x 0.6), a decode step costs at least reading the weights.
+  const double flops = 2.0 * double(workload::analytic::param_count(s.shape)) * prompt;
+  EXPECT_GT(prefill_seconds(s, prompt), flops / (4 * 354e12 * 0.6) * 0.9);
+  const double weights = 2.0 * double(workload::analytic::param_count(s.shape));
+  EXPECT_GT(decode_step_seconds(s, prompt), weights / (4 * 1.6e12));
+  EXPECT_TRUE(q.met);
+}
+
+TEST(ServeSim, HbmOnlyBaselineDoesPrefixCaching) {
+  ServeScenario s = base("llama3-8b", "hbm-only");
+  const std::vector<PromptSegment> p = {{"system", 1024}, {"doc", 2048}, {"q", 40}};
+  s.requests = {req(0, p, 4), req(10'000, p, 4)};  // the second arrives after the first is done
+  const ServeResult r = simulate_serving(s);
+  ASSERT_EQ(r.finished, 2u);
+  EXPECT_EQ(r.per_request[0].hit_tokens, 0u);
+  EXPECT_EQ(r.per_request[1].hit_tokens, 3072u);  // every full 128-token block of 3112 tokens
+  auto ttft = [&](int i) { return r.per_request[i].first_token_s - r.per_request[i].arrival_s; };
+  EXPECT_LT(ttft(1), 0.2 * ttft(0));
+  EXPECT_GT(r.kv_hit_rate, 0.45);
+}
+
+TEST(ServeSim, AdmissionControlQueuesAndEveryRequestFinishes) {
+  ServeScenario s = base("tiny", "hbm-only");
+  kv_slots(s, 40);  // room for ~4 of these requests (9 blocks each) at a time
+  for (int i = 0; i < 30; ++i) s.requests.push_back(req(0, {{"r" + std::to_string(i), 1000}}, 100));
+  const ServeResult r = simulate_serving(s);
+  EXPECT_EQ(r.finished, 30u);
+  EXPECT_EQ(r.too_large, 0u);
+  EXPECT_LE(r.max_concurrency, 4u);
+  EXPECT_GE(r.max_concurrency, 2u);
+  EXPECT_GT(r.kv.queued + r.retried_submits, 0u);
+  EXPECT_LE(r.peak_bytes[0], r.capacity_bytes[0]);
+}
+
+TEST(ServeSim, BoundedQueueNeverLosesARequest) {
+  ServeScenario s = base("tiny", "hbm-only");
+  kv_slots(s, 20);
+  // A burst far past the queue's limit, and one request that can never fit.
+  for (int i = 0; i < 60; ++i)
+    s.requests.push_back(req(i * 0.01, {{"r" + std::to_string(i), 900}}, 50));
+  s.requests.push_back(req(1, {{"huge", 100'000}}, 10));
+  const ServeResult r = simulate_serving(s);
+  EXPECT_GT(r.retried_submits, 0u);  // the queue refused some; they were submitted again
+  EXPECT_EQ(r.too_large, 1u);
+  EXPECT_TRUE(r.per_request.back().too_large);
+  EXPECT_EQ(r.finished, 60u);
+  for (std::size_t i = 0; i + 1 < r.per_request.size(); ++i)
+    EXPECT_GE(r.per_request[i].finish_s, r.per_request[i].first_token_s) << i;
+}
+
+TEST(ServeSim, DramPressureAlertsAndSpillIsThrottled) {
+  ServeScenario s = base("tiny", "u3m-dram");
+  kv_slots(s, 30);
+  s.spill_rate = 2e6;  // 2 MB/s: 61 slots of 32 KiB a second at most
+  const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
+  // DRAM for 60 slots: distinct prompts fill it with cached blocks.
+  s.hw.host.dram_capacity.si = 60.5 * double(g.slot_bytes()) / (s.cards * s.dram_kv_fraction);
+  for (int i = 0; i < 400; ++i)
+    s.requests.push_back(req(i * 20.0, {{"d" + std::to_string(i), 512}}, 8));
+  const ServeResult r = simulate_serving(s);
+  EXPECT_EQ(r.finished, 400u);
+  EXPECT_GE(r.alerts, 1u);
+  EXPECT_GE(r.first_alert_s, 0.0);
+  EXPECT_GT(r.spilled_bytes, 0u);
+  EXPECT_LE(double(r.spilled_bytes), s.spill_rate * r.makespan_s + double(g.slot_bytes()));
+  EXPECT_GE(r.links[2].bytes, r.spilled_bytes);  // spills cross the h2s link
+}
+
+TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
+  // Hits on SSD: HBM holds one prompt, so the first prompt is demoted to SSD
+  // by the second and found there by the third.
+  auto run = [](double ssd_read_bw) {
+    ServeScenario s = base("llama3-8b", "u3m");
+    kv_slots(s, 8 * 30);  // 30 token blocks
+    s.hw.ssd.read_bandwidth.si = ssd_read_bw;
+    const std::vector<PromptSegment> a = {{"a", 2048}, {"qa", 16}}, b = {{"b", 2048}, {"qb", 16}};
+    s.requests = {req(0, a, 2), req(5'000, b, 2), req(10'000, a, 2)};
+    return simulate_serving(s);
+  };
+  const ServeResult fast = run(50e9), slow = run(0.05e9);
+  for (const ServeResult* r : {&fast, &slow}) {
+    ASSERT_EQ(r->finished, 3u);
+    EXPECT_GT(r->kv.hit_blocks_by_tier[2], 0u);  // the hit was on SSD
+  }
+  EXPECT_EQ(fast.per_request[2].recomputed_tokens, 0u);
+  EXPECT_GT(fast.links[3].bytes, 0u);
+  EXPECT_EQ(slow.per_request[2].recomputed_tokens, 3u * 128);  // cheaper than a 50 MB/s read
+  EXPECT_EQ(slow.links[3].bytes, 0u);
+  // Either way the third request beats a cold prefill of its prompt.
+  const double cold = fast.per_request[0].first_token_s - fast.per_request[0].arrival_s;
+  EXPECT_LT(fast.per_request[2].first_token_s - fast.per_request[2].arrival_s, cold);
+}
+
+TEST(ServeCapacity, HighestRateMeetingTheSlosIsBracketed) {
+  ServeScenario s = base("tiny", "hbm-only");
+  kv_slots(s, 200);
+  s.requests = rag(150, 50.0);
+  s.slo = {30, 5};
+  const auto rows = serving_capacity(s, {"hbm-only"});
+  ASSERT_EQ(rows.size(), 1u);
+  const ServeCapacityRow& r = rows[0];
+  ASSERT_GT(r.rate_scale, 0.0);
+  EXPECT_GE(r.at.met_fraction, 0.9);
+  EXPECT_FALSE(r.at.stopped_early);
+  // Monotone in the probes: every scale tried above the answer failed, every
+  // one at or below it met.
+  for (const auto& [scale, met] : r.tried) {
+    if (scale > r.rate_scale)
+      EXPECT_LT(met, 0.9) << scale;
+    else
+      EXPECT_GE(met, 0.9) << scale;
+  }
+  // A tighter TTFT SLO cannot raise capacity.
+  ServeScenario tight = s;
+  tight.slo.ttft_ms = 10;
+  EXPECT_LE(serving_capacity(tight, {"hbm-only"})[0].rate_scale, r.rate_scale);
+}
+
+TEST(ServeSim, BadScenarioNamesTheField) {
+  ServeScenario s = base("tiny", "fifo");
+  s.requests = rag(3, 1);
+  try {
+    simulate_serving(s);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-policy"), std::string::npos);
+  }
+  s.policy = "u3m";
+  s.rate_scale = 0;
+  EXPECT_THROW(simulate_serving(s), InputError);
+}
+
+TEST(ServeCli, SimAndCapacityJsonAndErrors) {
+  auto r = u3m::testing::run_cli(
+      "serve sim --requests rag:requests=40,rate=5,corpus=100 --model llama3-8b "
+      "--kv-policy hbm-only --json",
+      false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["scenario"]["hw"], "ascend-910b-32g");
+  EXPECT_EQ(j["scenario"]["cards"], 4);
+  EXPECT_TRUE(j["scenario"].contains("version"));
+  EXPECT_TRUE(j["profile"]["device"]["hbm_capacity"].contains("source"));
+  const auto& p = j["policies"]["hbm-only"];
+  for (const char* k : {"goodput_rps", "kv_hit_rate", "max_concurrency", "bytes_by_tier"})
+    EXPECT_TRUE(p.contains(k)) << k;
+  for (const char* k : {"p50", "p90", "p99"}) {
+    EXPECT_TRUE(p["ttft_ms"].contains(k));
+    EXPECT_TRUE(p["tpot_ms"].contains(k));
+  }
+  EXPECT_EQ(p["finished"], 40);
+
+  const std::string sample =
+      std::string(U3M_SOURCE_DIR) + "/data/requests/samples/mooncake_conversation_head20.jsonl";
+  auto c = u3m::testing::run_cli(
+      "serve capacity --requests " + sample + " --model llama3-8b --json", false);
+  ASSERT_EQ(c.status, 0) << c.output;
+  auto k = nlohmann::json::parse(c.output);
+  for (const char* pol : {"hbm-only", "u3m"}) {
+    ASSERT_TRUE(k["policies"].contains(pol)) << pol;
+    EXPECT_TRUE(k["policies"][pol].contains("goodput_rps"));
+    EXPECT_TRUE(k["policies"][pol].contains("rate_scale"));
+  }
+  EXPECT_TRUE(k["scenario"]["slo"].contains("ttft_ms"));
+
+  auto text = u3m::testing::run_cli("serve sim --requests rag:requests=10 --model llama3-8b");
+  ASSERT_EQ(text.status, 0) << text.output;
+  EXPECT_NE(text.output.find("simulated (profile ascend-910b-32g, model llama3-8b, cards 4)"),
+            std::string::npos)
+      << text.output;
+
+  auto missing = u3m::testing::run_cli("serve sim --requests /nonexistent/x.jsonl");
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.output.find("/nonexistent/x.jsonl"), std::string::npos) << missing.output;
+  auto pol = u3m::testing::run_cli("serve sim --requests rag:requests=5 --kv-policy fifo");
+  EXPECT_EQ(pol.status, 2);
+  EXPECT_NE(pol.output.find("fifo"), std::string::npos);
+  auto key = u3m::testing::run_cli("serve sim --requests rag:colour=blue");
+  EXPECT_EQ(key.status, 2);
+  EXPECT_NE(key.output.find("colour"), std::string::npos);
+  auto flag = u3m::testing::run_cli("serve sim --requests rag --no-such-flag");
+  EXPECT_NE(flag.status, 0);
+  EXPECT_NE(flag.output.find("no-such-flag"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace u3m::experiments
