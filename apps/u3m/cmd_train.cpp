@@ -107,6 +107,7 @@ nlohmann::json result_json(const experiments::TrainResult& r) {
           {"stall_s", r.stall_s},
           {"hidden_fraction", r.hidden_fraction},
           {"optimizer_on_host", r.optimizer_on_host},
+          {"recompute_layers", r.recompute_layers},
           {"peak_bytes",
            {{"device", r.sim.peak_device}, {"host", r.sim.peak_host}, {"ssd", r.sim.peak_ssd}}},
           {"links", links},
@@ -191,9 +192,11 @@ void run_sim(const TrainArgs& a) {
       "tokens/s\n",
       r.step_s, r.ideal_step_s, 100 * r.loss, r.tokens_per_s);
   fmt::print(
-      "  per card: step needs {} at once; peak device {}, host {}, SSD {}; optimizer on the {}\n",
+      "  per card: step needs {} at once; peak device {}, host {}, SSD {}; optimizer on the {}; "
+      "{} of {} layers recompute their activations\n",
       gb(double(r.footprint)), gb(double(r.sim.peak_device)), gb(double(r.sim.peak_host)),
-      gb(double(r.sim.peak_ssd)), r.optimizer_on_host ? "host CPU" : "device");
+      gb(double(r.sim.peak_ssd)), r.optimizer_on_host ? "host CPU" : "device", r.recompute_layers,
+      s.shape.layers);
   fmt::print("  stall {:.3f} s over {} steps; transfer time hidden behind compute {:.0f}%\n",
              r.stall_s, s.steps, 100 * r.hidden_fraction);
   fmt::print("  {:<5} {:>10} {:>10} {:>8}\n", "link", "bytes", "transfers", "busy s");

@@ -86,7 +86,6 @@ std::uint64_t saved_activation_bytes(const ModelShape& s, const TrainConfig& c) 
   const std::uint64_t T = c.tokens_per_micro_batch(), d = s.d_model, kv = s.kv_dim(), f = s.ffn;
   const std::uint64_t b = c.mixed_precision ? 2 : 4;
   const bool full = !c.lora();
-  if (c.recompute) return b * T * d * (s.layers + 1);  // embed.out + every layer's output
   auto needs = [&](Proj p) { return full || adapted(c, p); };
   // rope.q, rope.k, v, core.out, attn_residual.out, gate, up, layer out: always saved
   std::uint64_t elems = d + kv + kv + d + d + 2 * f + d;
@@ -96,9 +95,14 @@ std::uint64_t saved_activation_bytes(const ModelShape& s, const TrainConfig& c) 
   for (int p = 0; p < kNumProj; ++p)
     if (adapted(c, static_cast<Proj>(p))) elems += c.lora_rank;     // lora_a.out
   const std::uint64_t per_layer = b * T * elems + 4 * T * s.heads;  // + fp32 softmax lse
-  // embed.out is read in backward only by layer 0's attn_norm backward, which
-  // runs when the norm weight or the embedding is trainable (full training).
-  return per_layer * s.layers + (full ? b * T * d : 0);
+  // A checkpointed layer keeps only its output (the next layer's input, or
+  // the final norm's); the others keep everything above, output included.
+  std::uint64_t total = 0;
+  for (std::uint32_t l = 0; l < s.layers; ++l) total += c.recomputes(l) ? b * T * d : per_layer;
+  // embed.out is read in backward by layer 0's recompute, or else only by its
+  // attn_norm backward, which runs when the norm weight or the embedding is
+  // trainable (full training).
+  return total + (full || c.recomputes(0) ? b * T * d : 0);
 }
 
 TrainBytes train_bytes(const ModelShape& s, const TrainConfig& c) {

@@ -48,6 +48,8 @@ void train_meta(Emitter& e, const TrainConfig& c) {
   e.meta("train.micro_batch_size", std::to_string(c.micro_batch_size));
   e.meta("train.seq_len", std::to_string(c.seq_len));
   e.meta("train.recompute", c.recompute ? "true" : "false");
+  if (c.recompute_layers > 0 && !c.recompute)
+    e.meta("train.recompute_layers", std::to_string(c.recompute_layers));
   e.meta("train.mixed_precision", c.mixed_precision ? "true" : "false");
   e.meta("train.lora_rank", std::to_string(c.lora_rank));
   e.meta("train.lora_alpha", fmt::format("{:g}", c.lora_alpha));

@@ -330,7 +330,7 @@ void TrainJob::layer_bwd(std::uint32_t l) {
   const bool need_dx = l > 0 || params_[embed_].spec.trainable;
 
   if (c_.zero3()) gather(layer_group(l), layer, L + "all_gather.bwd");
-  if (c_.recompute) layer_fwd(l, true);
+  if (c_.recomputes(l)) layer_fwd(l, true);
   bool started = false;
   proj_bwd(l, Proj::down, dy, A.swiglu, A.g_swiglu, started, true);
   prog_.add(L + "mlp.swiglu.bwd", OpClass::elementwise, B, layer, 10 * T * f,

@@ -11,12 +11,13 @@
 namespace u3m::experiments {
 namespace {
 
-TrainScenario tiny(const std::string& policy, double hbm_fraction_of_footprint) {
+TrainScenario tiny(const std::string& policy, double hbm_fraction_of_footprint,
+                   std::uint32_t seq_len = 256) {
   TrainScenario s;
   s.shape = workload::preset("tiny");
   s.hw = sim::load_profile("ascend-910b-32g");
   s.cards = 1;
-  s.train.seq_len = 256;
+  s.train.seq_len = seq_len;
   s.policy = policy;
   // Size HBM from the untiered run's need.
   TrainScenario probe = s;
@@ -64,6 +65,24 @@ TEST(TrainSim, BadScenarioNamesTheField) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("--steps"), std::string::npos);
   }
+}
+
+TEST(TrainSim, U3mChoosesSwapOrRecomputeByCostAndTheIdealNeverRecomputes) {
+  TrainScenario s = tiny("u3m", 0.5, 2048);  // activations dominate the footprint
+  const TrainResult chosen = simulate_training(s);
+  ASSERT_TRUE(chosen.fits) << chosen.why;
+  for (std::uint32_t k : {1u, s.shape.layers}) {
+    TrainScenario forced = s;
+    forced.train.recompute_layers = k;
+    const TrainResult r = simulate_training(forced);
+    EXPECT_EQ(r.recompute_layers, k);
+    // Infinite HBM recomputes nothing, whatever the scenario checkpoints.
+    EXPECT_DOUBLE_EQ(r.ideal_step_s, chosen.ideal_step_s);
+    if (r.fits) EXPECT_LE(chosen.step_s, r.step_s) << k << " layers checkpointed";
+  }
+  TrainScenario none = s;
+  none.policy = "lru";  // never recomputes unless told
+  EXPECT_EQ(simulate_training(none).recompute_layers, 0u);
 }
 
 TEST(TrainFailover, ParseNamesTheFlagAndTheProblem) {

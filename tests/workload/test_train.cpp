@@ -96,6 +96,18 @@ TEST(Train, SavedActivationsMatchThePerLayerFormula) {
   EXPECT_EQ(analytic::saved_activation_bytes(preset("tiny"), c), expected_rc);
   EXPECT_LT(r->count.peak(0, Role::activation), g->count.peak(0, Role::activation));
   EXPECT_GE(g->count.peak(0, Role::activation), expected);
+
+  // Checkpointing the first layer only: it keeps its output, the others all.
+  c.recompute = false;
+  c.recompute_layers = 1;
+  auto one = gen(preset("tiny"), c);
+  const std::uint64_t expected_one = 2 * T * d + (L - 1) * per_layer + 2 * T * d;
+  EXPECT_EQ(live_before(one->t(), Role::activation, "train-0.final_norm"), expected_one);
+  EXPECT_EQ(analytic::saved_activation_bytes(preset("tiny"), c), expected_one);
+  std::set<std::string> names;
+  for (const auto& o : one->t().ops) names.insert(o.name);
+  EXPECT_TRUE(names.count("train-0.layer_0.attn.core.recompute"));
+  EXPECT_FALSE(names.count("train-0.layer_1.attn.core.recompute"));
 }
 
 TEST(Train, Llama3GqaActivationsAtFullSize) {

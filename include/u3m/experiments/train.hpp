@@ -44,7 +44,8 @@ struct TrainResult {
   double stall_s = 0;           // compute waited for data, over the whole run
   double hidden_fraction = 0;   // transfer time overlapped with compute
   bool optimizer_on_host = false;
-  sim::SimReport sim;              // the whole run
+  std::uint32_t recompute_layers = 0;  // checkpointed layers (Note [Swap or recompute])
+  sim::SimReport sim;                  // the whole run
   std::uint64_t trace_events = 0;  // trace events simulated (all simulations run for this result)
 };
 

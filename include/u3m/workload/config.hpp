@@ -40,7 +40,10 @@ struct TrainConfig {
   std::uint32_t micro_batches = 1;     // gradient accumulation: optimizer once per step
   std::uint32_t micro_batch_size = 1;  // sequences per micro-batch
   std::uint32_t seq_len = 2048;
-  bool recompute = false;       // checkpoint per layer: keep layer inputs only
+  bool recompute = false;  // checkpoint per layer: keep layer inputs only
+  // Checkpoint only the first N layers (their activations wait longest for
+  // backward); the rest keep theirs. `recompute` means every layer.
+  std::uint32_t recompute_layers = 0;
   bool mixed_precision = true;  // 16-bit weights/grads + fp32 master, m, v
   std::uint32_t lora_rank = 0;  // 0: full fine-tuning
   double lora_alpha = 32;       // recorded only; scaling costs no memory
@@ -54,6 +57,7 @@ struct TrainConfig {
 
   std::uint64_t tokens_per_micro_batch() const { return std::uint64_t{micro_batch_size} * seq_len; }
   bool lora() const { return lora_rank > 0; }
+  bool recomputes(std::uint32_t layer) const { return recompute || layer < recompute_layers; }
   bool zero3() const { return zero3_ranks > 1; }
   void validate() const;  // throws InputError naming the field
 };
