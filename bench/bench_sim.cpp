@@ -1,7 +1,9 @@
 // Simulator speed (issue 5: >= 5 M trace events/s, so a capacity sweep takes
 // minutes on 2 cores). Each iteration simulates a generated llama training
 // trace through the engine on virtual time under one policy; the counter is
-// trace events simulated per second of wall time (measured on this machine).
+// trace events simulated per second of the benchmark thread's CPU time
+// (Google Benchmark's rate counters divide by CPU time, not wall time), so a
+// shared, loaded machine slows the wall clock more than the figure.
 #include <benchmark/benchmark.h>
 
 #include "u3m/experiments/train.hpp"

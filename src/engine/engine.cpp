@@ -1,8 +1,10 @@
 #include "u3m/engine/engine.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <limits>
+#include <stdexcept>
 #include <thread>
 
 #include "u3m/util/error.hpp"
@@ -120,12 +122,100 @@ struct Engine::Entry {
   std::uint64_t backoff_until = 0, backoff_ns = 0;
   bool lost = false;
   bool in_lru[2] = {false, false};
-  std::list<Entry*>::iterator lru_it[2];
+  Entry* lru_prev[2] = {nullptr, nullptr};  // Engine::LruList, per memory tier
+  Entry* lru_next[2] = {nullptr, nullptr};
 
   bool has(Tier t) const { return valid & bit(t); }
   std::uint32_t total_readers() const { return readers[0] + readers[1]; }
   bool pinned(Tier t) const { return writer || (t != Tier::ssd && readers[idx(t)] > 0); }
 };
+
+// Note [Entry table]
+// Every public call and every completion looks its tensor up by id, several
+// times per simulated event, so the id -> Entry map is a flat open-addressing
+// table (linear probing, Fibonacci hashing of the id, at most half full,
+// backward-shift deletion: no tombstones) instead of std::unordered_map's
+// node per entry and modulo by a prime. Entries live in arena_ and are
+// recycled through spare_ (a training step frees and re-adds its
+// activations), so add() and remove() allocate nothing in steady state. The
+// table is never iterated in an order that matters (only the destructor walks
+// it), so the layout cannot change a decision.
+
+std::size_t Engine::EntryTable::home(TensorId id) const {
+  return static_cast<std::size_t>((id * 0x9E3779B97F4A7C15ull) >> shift_);
+}
+
+Engine::Entry* Engine::EntryTable::find(TensorId id) const {
+  if (slots_.empty()) return nullptr;
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = home(id);; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (!s.e) return nullptr;
+    if (s.id == id) return s.e;
+  }
+}
+
+bool Engine::EntryTable::insert(TensorId id, Entry* e) {
+  if (2 * (size_ + 1) > slots_.size()) grow();
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = home(id);; i = (i + 1) & mask) {
+    Slot& s = slots_[i];
+    if (!s.e) {
+      s = Slot{id, e};
+      ++size_;
+      return true;
+    }
+    if (s.id == id) return false;
+  }
+}
+
+void Engine::EntryTable::erase(TensorId id) {
+  if (slots_.empty()) return;
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = home(id);
+  for (;; i = (i + 1) & mask) {
+    if (!slots_[i].e) return;
+    if (slots_[i].id == id) break;
+  }
+  // Backward shift: pull later members of the probe run into the hole unless
+  // their home lies cyclically in (hole, their slot].
+  for (std::size_t j = (i + 1) & mask; slots_[j].e; j = (j + 1) & mask) {
+    const std::size_t h = home(slots_[j].id);
+    const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+    if (!stays) {
+      slots_[i] = slots_[j];
+      i = j;
+    }
+  }
+  slots_[i] = Slot{};
+  --size_;
+}
+
+void Engine::EntryTable::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  const std::size_t n = old.empty() ? 64 : 2 * old.size();
+  slots_.assign(n, Slot{});
+  shift_ = 64 - static_cast<unsigned>(std::countr_zero(n));
+  size_ = 0;
+  for (const Slot& s : old) {
+    if (s.e) insert(s.id, s.e);
+  }
+}
+
+Engine::Entry* Engine::new_entry() {
+  if (spare_.empty()) {
+    arena_.push_back(std::make_unique<Entry>());
+    return arena_.back().get();
+  }
+  Entry* e = spare_.back();
+  spare_.pop_back();
+  *e = Entry{};
+  return e;
+}
+
+void Engine::recycle(Entry* e) {
+  spare_.push_back(e);
+}
 
 Engine::Engine(EngineConfig config, mem::DevicePool& device_pool, mem::MemoryBackend& host,
                Transport& transport, const Clock& clock)
@@ -146,10 +236,10 @@ Engine::~Engine() {
   while (callbacks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   std::unique_lock lk(mu_);
   Actions act;
-  for (auto& [id, e] : entries_) {
-    for (Tier t : {Tier::device, Tier::host, Tier::ssd}) free_copy(*e, t, act);
-  }
-  entries_.clear();
+  entries_.for_each([&](Entry& e) {
+    for (Tier t : {Tier::device, Tier::host, Tier::ssd}) free_copy(e, t, act);
+  });
+  entries_ = EntryTable{};
   lk.unlock();
   transport_.set_completion({});
 }
@@ -166,12 +256,23 @@ void Engine::note_use(Tier t) {
   monitor_.record(t, used_[i], cap, clock_.now_ns());
 }
 
+void Engine::lru_unlink(Entry& e, int i) {
+  LruList& l = lru_[i];
+  (e.lru_prev[i] ? e.lru_prev[i]->lru_next[i] : l.head) = e.lru_next[i];
+  (e.lru_next[i] ? e.lru_next[i]->lru_prev[i] : l.tail) = e.lru_prev[i];
+  e.lru_prev[i] = e.lru_next[i] = nullptr;
+  e.in_lru[i] = false;
+}
+
 void Engine::touch(Entry& e, Tier t) {
   if (t == Tier::ssd) return;
   int i = idx(t);
-  auto& l = lru_[i];
-  if (e.in_lru[i]) l.erase(e.lru_it[i]);
-  e.lru_it[i] = l.insert(l.end(), &e);
+  LruList& l = lru_[i];
+  if (l.tail == &e) return;  // already the most recent
+  if (e.in_lru[i]) lru_unlink(e, i);
+  e.lru_prev[i] = l.tail;
+  (l.tail ? l.tail->lru_next[i] : l.head) = &e;
+  l.tail = &e;
   e.in_lru[i] = true;
 }
 
@@ -223,10 +324,7 @@ void Engine::free_copy(Entry& e, Tier t, Actions& act) {
     host_.free(e.ptr[1]);
   }
   e.ptr[i] = nullptr;
-  if (e.in_lru[i]) {
-    lru_[i].erase(e.lru_it[i]);
-    e.in_lru[i] = false;
-  }
+  if (e.in_lru[i]) lru_unlink(e, i);
   used_[i] -= e.bytes;
   note_use(t);
 }
@@ -366,35 +464,54 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
     // evicting them wastes the prefetch (found by the simulator's lookahead
     // runs: every prefetched copy was evicted before use).
     for (int pass = 0; pass < 2 && load > target; ++pass) {
-      for (auto it = lru_[i].begin(); it != lru_[i].end() && load > target;) {
-        Entry& e = **it++;  // take() may unlink e
+      for (Entry* x = lru_[i].head; x && load > target;) {
+        Entry& e = *x;
+        x = x->lru_next[i];  // take() may unlink e
         if (pass == 0 && (e.prefetched & bit(t))) continue;
         if (candidate(e) && take(e)) load -= static_cast<double>(e.bytes);
       }
     }
     return;
   }
-  std::vector<std::pair<double, Entry*>> order;
-  for (Entry* e : lru_[i]) {
-    if (!candidate(*e)) continue;
-    double score = victim_score_(e->id, t);
-    if (score < std::numeric_limits<double>::infinity()) order.emplace_back(score, e);
+  // Note [Victim selection]
+  // By score, ties to the least recently used: the order of a stable sort of
+  // the candidates in LRU order, taken until the load is down to the target.
+  // Most calls come while earlier evictions are still leaving, with nothing
+  // more to take: then no score is asked for. The pass over the candidates
+  // only finds when a write-back back-off ends (retry_at, for the futile-scan
+  // memo), so it is skipped when no back-off can still be running. When
+  // something must go, a min-heap on (score, LRU rank), a strict order,
+  // yields the sort's sequence in O(n + k log n) for the k copies taken.
+  if (load <= target) {
+    if (clock_.now_ns() < backoff_horizon_) {
+      for (Entry* x = lru_[i].head; x; x = x->lru_next[i]) candidate(*x);
+    }
+    return;
   }
-  // Stable: equal scores fall back to least recently used.
-  std::stable_sort(order.begin(), order.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [score, e] : order) {
-    if (load <= target) break;
-    if (take(*e)) load -= static_cast<double>(e->bytes);
+  victims_.clear();
+  std::uint64_t rank = 0;
+  for (Entry* x = lru_[i].head; x; x = x->lru_next[i]) {
+    if (!candidate(*x)) continue;
+    const double score = victim_score_(x->id, t);
+    if (score < std::numeric_limits<double>::infinity()) victims_.push_back({score, rank++, x});
+  }
+  auto later = [](const Victim& a, const Victim& b) {
+    return a.score != b.score ? a.score > b.score : a.rank > b.rank;
+  };
+  std::make_heap(victims_.begin(), victims_.end(), later);
+  for (auto end = victims_.end(); end != victims_.begin() && load > target; --end) {
+    std::pop_heap(victims_.begin(), end, later);
+    Entry& e = *(end - 1)->e;
+    if (take(e)) load -= static_cast<double>(e.bytes);
   }
 }
 
 // Starts one job if it can; false when the link must wait (no space yet).
 // Stale jobs count as started (they are dropped).
 bool Engine::start_job(Link link, const Job& j, Actions& act) {
-  auto it = entries_.find(j.id);
-  if (it == entries_.end()) return true;
-  Entry& e = *it->second;
+  Entry* found = find(j.id);
+  if (!found) return true;
+  Entry& e = *found;
   const Tier from = link_src(link), to = link_dst(link);
   if (!j.evict && e.queued_prio[idx(j.to)] == static_cast<std::uint8_t>(j.prio))
     e.queued_prio[idx(j.to)] = kNoPrio;
@@ -428,7 +545,7 @@ bool Engine::start_job(Link link, const Job& j, Actions& act) {
   t.src = from == Tier::ssd ? nullptr : e.ptr[idx(from)];
   t.dst = to == Tier::ssd ? nullptr : e.ptr[idx(to)];
   t.rate_limit = config_.link_rate[static_cast<int>(link)];
-  running_[t.ticket] = Running{j, link, from, clock_.now_ns()};
+  running_.push_back(Running{t.ticket, j, link, from, clock_.now_ns()});
   ++links_[static_cast<int>(link)].in_flight;
   act.transfers.push_back(t);
   return true;
@@ -443,6 +560,7 @@ void Engine::pump(Actions& act) {
     short_[0] = short_[1] = 0;
     for (int l = 0; l < kNumLinks; ++l) {
       LinkQueue& lq = links_[l];
+      if (lq.empty()) continue;
       for (int p = 0; p < kNumPriorities && lq.in_flight < config_.link_slots[l];) {
         if (lq.q[p].empty()) {
           ++p;
@@ -475,14 +593,18 @@ void Engine::on_done(const Transfer& t, Status s) {
   Actions act;
   {
     std::lock_guard lk(mu_);
-    auto rit = running_.find(t.ticket);
+    auto rit = std::find_if(running_.begin(), running_.end(),
+                            [&](const Running& x) { return x.ticket == t.ticket; });
     if (rit == running_.end()) return;
-    Running r = rit->second;
-    running_.erase(rit);
+    Running r = *rit;
+    *rit = running_.back();  // order does not matter: only looked up by ticket
+    running_.pop_back();
     LinkStats& ls = st_.links[static_cast<int>(r.link)];
     --links_[static_cast<int>(r.link)].in_flight;
     ls.busy_ns += clock_.now_ns() - r.start_ns;
-    Entry& e = *entries_.at(t.tensor);
+    Entry* found = find(t.tensor);
+    if (!found) throw std::logic_error("Engine: a transfer completed for an unknown tensor");
+    Entry& e = *found;
     e.moving = false;
     ++changes_;
     const Tier from = r.from, to = link_dst(r.link);
@@ -546,6 +668,7 @@ void Engine::on_done(const Transfer& t, Status s) {
         e.backoff_ns = e.backoff_ns ? std::min<std::uint64_t>(e.backoff_ns * 2, 1'000'000'000)
                                     : config_.failure_backoff_ns;
         e.backoff_until = clock_.now_ns() + e.backoff_ns;
+        backoff_horizon_ = std::max(backoff_horizon_, e.backoff_until);
       } else {
         if (s == Status::corrupt && from == Tier::ssd) {
           free_copy(e, Tier::ssd, act);  // a copy that keeps failing its checksum is gone
@@ -575,11 +698,11 @@ void Engine::on_done(const Transfer& t, Status s) {
 Status Engine::add(TensorId id, std::uint64_t bytes) {
   if (bytes == 0) return Status::invalid_argument;
   std::lock_guard lk(mu_);
-  auto [it, inserted] = entries_.try_emplace(id);
-  if (!inserted) return Status::invalid_argument;
-  it->second = std::make_unique<Entry>();
-  it->second->id = id;
-  it->second->bytes = bytes;
+  if (find(id)) return Status::invalid_argument;
+  Entry* e = new_entry();
+  e->id = id;
+  e->bytes = bytes;
+  entries_.insert(id, e);
   st_.tensors = entries_.size();
   return Status::ok;
 }
@@ -588,15 +711,16 @@ Status Engine::remove(TensorId id) {
   Actions act;
   {
     std::lock_guard lk(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) return Status::not_found;
-    Entry& e = *it->second;
+    Entry* found = find(id);
+    if (!found) return Status::not_found;
+    Entry& e = *found;
     if (e.moving || e.writer || e.total_readers() > 0 || e.waiters[0] || e.waiters[1])
       return Status::busy;
     set_evict_want(e, Tier::device, false);
     set_evict_want(e, Tier::host, false);
     for (Tier t : {Tier::device, Tier::host, Tier::ssd}) free_copy(e, t, act);
-    entries_.erase(it);
+    entries_.erase(id);
+    recycle(&e);
     st_.tensors = entries_.size();
     pump(act);
   }
@@ -697,7 +821,7 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
       bool backed_off = false;
       const std::uint64_t now = clock_.now_ns();
       for (int m = 0; m < 2; ++m) {
-        for (auto* x : lru_[m]) {
+        for (Entry* x = lru_[m].head; x; x = x->lru_next[m]) {
           if (x == &e) continue;
           if (x->pinned(static_cast<Tier>(m))) {
             pinned_all += x->bytes;
@@ -740,9 +864,9 @@ Status Engine::acquire_entry(TensorId id, Tier tier, Access access, Lease* out, 
   Status s;
   {
     std::unique_lock lk(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) return Status::not_found;
-    s = acquire_locked(lk, *it->second, tier, access, out, block, act);
+    Entry* e = find(id);
+    if (!e) return Status::not_found;
+    s = acquire_locked(lk, *e, tier, access, out, block, act);
   }
   run(act);
   return s;
@@ -752,9 +876,9 @@ Status Engine::release(const Lease& lease) {
   Actions act;
   {
     std::lock_guard lk(mu_);
-    auto it = entries_.find(lease.id);
-    if (it == entries_.end()) return Status::not_found;
-    Entry& e = *it->second;
+    Entry* found = find(lease.id);
+    if (!found) return Status::not_found;
+    Entry& e = *found;
     const int i = idx(lease.tier);
     if (lease.access == Access::write) {
       if (!e.writer || !e.has(lease.tier)) return Status::invalid_argument;
@@ -778,9 +902,9 @@ Status Engine::prefetch(TensorId id, Tier tier) {
   Actions act;
   {
     std::lock_guard lk(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) return Status::not_found;
-    Entry& e = *it->second;
+    Entry* found = find(id);
+    if (!found) return Status::not_found;
+    Entry& e = *found;
     if (e.has(tier) || e.valid == 0) return Status::ok;  // nothing to bring
     e.prefetch_want |= bit(tier);
     ++st_.prefetches;
@@ -796,9 +920,9 @@ Status Engine::evict(TensorId id, Tier from) {
   Actions act;
   {
     std::lock_guard lk(mu_);
-    auto it = entries_.find(id);
-    if (it == entries_.end()) return Status::not_found;
-    Entry& e = *it->second;
+    Entry* found = find(id);
+    if (!found) return Status::not_found;
+    Entry& e = *found;
     if (!e.has(from)) return Status::ok;
     if (e.pinned(from) || e.moving) return Status::busy;
     const bool lower = from == Tier::device ? (e.has(Tier::host) || e.has(Tier::ssd))
@@ -838,9 +962,9 @@ void Engine::set_link_rate(Link link, double bytes_per_s) {
 
 std::optional<Residency> Engine::residency(TensorId id) const {
   std::lock_guard lk(mu_);
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return std::nullopt;
-  const Entry& e = *it->second;
+  const Entry* found = find(id);
+  if (!found) return std::nullopt;
+  const Entry& e = *found;
   Residency r;
   for (Tier t : {Tier::device, Tier::host, Tier::ssd}) r.valid[idx(t)] = e.has(t);
   r.in_flight = e.moving;
@@ -853,6 +977,11 @@ std::optional<Residency> Engine::residency(TensorId id) const {
 EngineStats Engine::stats() const {
   std::lock_guard lk(mu_);
   return st_;
+}
+
+std::uint64_t Engine::evictions() const {
+  std::lock_guard lk(mu_);
+  return st_.evictions;
 }
 
 mem::TierReport Engine::monitor(Tier t) const {

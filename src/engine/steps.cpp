@@ -11,13 +11,14 @@ std::vector<Step> build_steps(const trace::Trace& trace, std::uint64_t max_event
   for (const trace::Tensor& t : trace.tensors) {
     if (t.bytes == 0) input_error("trace", "tensor '{}' has 0 bytes; cannot run it", t.name);
   }
-  std::vector<Step> steps;
-  // slot[t]: index of tensor t in the current step's touches, valid while stamp[t] == step.
-  constexpr std::uint64_t kNone = std::numeric_limits<std::uint64_t>::max();
-  std::vector<std::uint64_t> stamp(trace.tensors.size(), kNone);
-  std::vector<std::uint32_t> slot(trace.tensors.size(), 0);
   const std::size_t n =
       max_events ? std::min<std::size_t>(max_events, trace.events.size()) : trace.events.size();
+  // A first pass sizes each step's lists (an upper bound: every access or
+  // free event), so building them below allocates once per list.
+  struct Size {
+    std::uint32_t touches = 0, frees = 0;
+  };
+  std::vector<Size> sizes;
   for (std::size_t i = 0; i < n; ++i) {
     const trace::Event& e = trace.events[i];
     if (e.op >= trace.ops.size())
@@ -26,8 +27,25 @@ std::vector<Step> build_steps(const trace::Trace& trace, std::uint64_t max_event
     if (e.tensor >= trace.tensors.size())
       input_error("trace", "event {} names tensor {}, but the trace has {} tensors", i, e.tensor,
                   trace.tensors.size());
+    if (i == 0 || trace.events[i - 1].op != e.op) sizes.emplace_back();
+    if (e.kind == trace::EventKind::free)
+      ++sizes.back().frees;
+    else if (e.kind != trace::EventKind::alloc)
+      ++sizes.back().touches;
+  }
+  std::vector<Step> steps;
+  steps.reserve(sizes.size());
+  // slot[t]: index of tensor t in the current step's touches, valid while stamp[t] == step.
+  constexpr std::uint64_t kNone = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::uint64_t> stamp(trace.tensors.size(), kNone);
+  std::vector<std::uint32_t> slot(trace.tensors.size(), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const trace::Event& e = trace.events[i];
     if (i == 0 || trace.events[i - 1].op != e.op) {
       steps.push_back(Step{e.op, {}, {}, i + 1});
+      const Size& z = sizes[steps.size() - 1];
+      steps.back().touches.reserve(z.touches);
+      steps.back().frees.reserve(z.frees);
     }
     Step& s = steps.back();
     s.end_event = i + 1;

@@ -259,7 +259,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer) {
         double(r.footprint) / 1e9, double(o.device_budget + o.host_budget + kSsdPerCard) / 1e9);
     return r;
   }
-  r.sim = sim::simulate_trace(t, o);
+  r.sim = sim::simulate_trace(t, steps, o);
   if (!r.sim.ok()) {
     r.why = r.sim.first_error;
     return r;

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
-#include <map>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -145,7 +145,7 @@ class Simulation final : public PrefetchContext {
     const std::uint64_t t0 = vt_.now_ns();
     std::string error;
     while (held < s.touches.size() && error.empty()) {
-      const std::uint64_t evictions = eng_.stats().evictions;
+      const std::uint64_t evictions = eng_.evictions();
       bool granted = false;
       for (std::size_t i = 0; i < s.touches.size(); ++i) {
         if (leases_[i]) continue;
@@ -166,7 +166,7 @@ class Simulation final : public PrefetchContext {
       }
       if (held == s.touches.size() || !error.empty()) break;
       if (vt_.run_next()) continue;  // wait for the next completion: stall
-      if (!granted && eng_.stats().evictions == evictions) {
+      if (!granted && eng_.evictions() == evictions) {
         std::uint64_t need = 0;
         for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
         error = fmt::format(
@@ -235,17 +235,25 @@ class Simulation final : public PrefetchContext {
   static engine::TensorId id(std::uint32_t t) { return engine_id(t); }
 
   // "layer_12.attn.q_proj" -> "layer_*.attn.q_proj": one family per op kind.
+  // Once per step: the key is built in a reused buffer (op names outgrow the
+  // small-string buffer) and looked up by hash.
   OpFamilyReport& family(const std::string& name) {
-    std::string key;
-    key.reserve(name.size());
-    for (std::size_t i = 0; i < name.size(); ++i) {
-      key += name[i];
-      if (name[i] == '_' && i + 1 < name.size() &&
-          std::isdigit(static_cast<unsigned char>(name[i + 1]))) {
-        key += '*';
-        while (i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) ++i;
-      }
+    auto digit = [&name](std::size_t i) {
+      return std::isdigit(static_cast<unsigned char>(name[i])) != 0;
+    };
+    std::string& key = key_;
+    key.clear();
+    std::size_t from = 0;  // start of the run not copied yet
+    for (std::size_t i = 0; i + 1 < name.size(); ++i) {
+      if (name[i] != '_' || !digit(i + 1)) continue;
+      key.append(name, from, i + 1 - from);
+      key += '*';
+      std::size_t j = i + 1;
+      while (j < name.size() && digit(j)) ++j;
+      from = j;
+      i = j - 1;
     }
+    key.append(name, from);
     auto [it, inserted] = families_.try_emplace(key);
     if (inserted) it->second.name = key;
     return it->second;
@@ -275,15 +283,20 @@ class Simulation final : public PrefetchContext {
   std::vector<std::uint32_t> removals_;
   std::vector<Lease> leases_;
   std::vector<std::uint8_t> missed_;
-  std::map<std::string, OpFamilyReport> families_;
+  std::unordered_map<std::string, OpFamilyReport> families_;  // families() sorts them
+  std::string key_;
   std::function<Tier(const trace::Op&)> op_tier_;
 };
 
 }  // namespace
 
 SimReport simulate_trace(const trace::Trace& trace, const SimOptions& o) {
+  return simulate_trace(trace, build_steps(trace), o);
+}
+
+SimReport simulate_trace(const trace::Trace& trace, const std::vector<Step>& steps,
+                         const SimOptions& o) {
   SimReport rep;
-  const std::vector<Step> steps = build_steps(trace);
   const OpTimeFn op_time = compute_model(o);
   const PrefetchHook hook = o.prefetch ? o.prefetch : lookahead_prefetch(o.lookahead);
 

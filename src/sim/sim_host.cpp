@@ -29,7 +29,8 @@ mem::Status SimHost::allocate(std::uint64_t bytes, void** ptr) {
   const std::uintptr_t p = next_;
   // Addresses are never reused: 2^64 bytes of fake space outlast any run.
   next_ += (bytes + kAlign - 1) / kAlign * kAlign;
-  live_.emplace(p, bytes);
+  blocks_.push_back(Block{p, bytes});
+  ++live_;
   used_ += bytes;
   peak_ = std::max(peak_, used_);
   *ptr = reinterpret_cast<void*>(p);
@@ -37,10 +38,17 @@ mem::Status SimHost::allocate(std::uint64_t bytes, void** ptr) {
 }
 
 mem::Status SimHost::free(void* ptr) {
-  auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == live_.end()) return mem::Status::invalid_argument;
-  used_ -= it->second;
-  live_.erase(it);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = std::lower_bound(blocks_.begin(), blocks_.end(), addr,
+                             [](const Block& b, std::uintptr_t a) { return b.addr < a; });
+  if (it == blocks_.end() || it->addr != addr || it->bytes == 0)
+    return mem::Status::invalid_argument;  // never handed out, or freed already
+  used_ -= it->bytes;
+  it->bytes = 0;
+  --live_;
+  if (blocks_.size() > 64 && blocks_.size() - live_ > live_) {
+    std::erase_if(blocks_, [](const Block& b) { return b.bytes == 0; });
+  }
   return mem::Status::ok;
 }
 

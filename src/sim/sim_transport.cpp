@@ -104,16 +104,31 @@ void SimTransport::start(const engine::Transfer& t) {
     st.queue_ns += s - now;
   }
   // A refused transfer fails after the link's latency, without holding the link.
-  clock_.schedule_at(done_at, [this, t, status, li] {
-    SimLinkStats& s = stats_[li];
-    if (mem::ok(status)) {
-      ++s.transfers;
-      s.bytes += t.bytes;
-    } else {
-      ++s.failures;
-    }
-    if (done_) done_(t, status);
-  });
+  // The event captures only a slot index, small enough for std::function's
+  // inline buffer: no allocation per transfer.
+  std::uint32_t slot;
+  if (free_.empty()) {
+    slot = static_cast<std::uint32_t>(pending_.size());
+    pending_.push_back(Pending{t, status});
+  } else {
+    slot = free_.back();
+    free_.pop_back();
+    pending_[slot] = Pending{t, status};
+  }
+  clock_.schedule_at(done_at, [this, slot] { complete(slot); });
+}
+
+void SimTransport::complete(std::uint32_t slot) {
+  const Pending p = pending_[slot];
+  free_.push_back(slot);
+  SimLinkStats& s = stats_[static_cast<int>(p.t.link)];
+  if (mem::ok(p.status)) {
+    ++s.transfers;
+    s.bytes += p.t.bytes;
+  } else {
+    ++s.failures;
+  }
+  if (done_) done_(p.t, p.status);
 }
 
 engine::Status SimTransport::erase_ssd(std::uint64_t key) {

@@ -1,5 +1,6 @@
 #include "u3m/sim/virtual_time.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -10,17 +11,31 @@ void VirtualTime::schedule_at(std::uint64_t t, Callback cb) {
   if (t < now_)
     throw std::logic_error(
         fmt::format("VirtualTime: event at {} ns is before now ({} ns)", t, now_));
-  queue_.push(Item{t, seq_++, std::move(cb)});
+  std::uint32_t slot;
+  if (free_.empty()) {
+    slot = static_cast<std::uint32_t>(slots_.size());
+    slots_.push_back(std::move(cb));
+  } else {
+    slot = free_.back();
+    free_.pop_back();
+    slots_[slot] = std::move(cb);
+  }
+  heap_.push_back(Item{t, seq_++, slot});
+  std::push_heap(heap_.begin(), heap_.end(), Later{});
 }
 
 bool VirtualTime::run_next() {
-  if (queue_.empty()) return false;
-  // Move the callback out before popping: it may schedule (and so reorder) the heap.
-  Item it = std::move(const_cast<Item&>(queue_.top()));
-  queue_.pop();
+  if (heap_.empty()) return false;
+  std::pop_heap(heap_.begin(), heap_.end(), Later{});
+  const Item it = heap_.back();
+  heap_.pop_back();
+  // Moved out and its slot freed first: the callback may schedule more events.
+  Callback cb = std::move(slots_[it.slot]);
+  slots_[it.slot] = nullptr;
+  free_.push_back(it.slot);
   now_ = it.t;
   ++events_run_;
-  it.cb();
+  cb();
   return true;
 }
 
@@ -28,13 +43,13 @@ void VirtualTime::run_until(std::uint64_t t) {
   if (t < now_)
     throw std::logic_error(
         fmt::format("VirtualTime: run_until({} ns) is before now ({} ns)", t, now_));
-  while (!queue_.empty() && queue_.top().t <= t) run_next();
+  while (!heap_.empty() && heap_.front().t <= t) run_next();
   now_ = t;
 }
 
 std::optional<std::uint64_t> VirtualTime::next_time() const {
-  if (queue_.empty()) return std::nullopt;
-  return queue_.top().t;
+  if (heap_.empty()) return std::nullopt;
+  return heap_.front().t;
 }
 
 }  // namespace u3m::sim

@@ -1,6 +1,7 @@
 // The runtime's behaviour: residency, eviction under a budget, the three
 // tiers, priorities, upper copies kept until the lower one is confirmed, OOM.
 #include <limits>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -306,6 +307,85 @@ TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
   EXPECT_EQ(rig.transport.started[0].tensor, 6u);
   EXPECT_EQ(rig.transport.started[1].tensor, 5u);
   EXPECT_EQ(rig.transport.started[2].tensor, 4u);
+}
+
+// Equal scores: the least recently used goes first, as before the heap
+// (Note [Victim selection]); touching a tensor moves it to the back.
+TEST(EngineManual, VictimScoreTiesGoToTheLeastRecentlyUsed) {
+  EngineConfig c = small(1 * MiB, 16 * MiB, 0.75, 0.5);
+  c.link_slots = {8, 8, 8, 8};
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  // Tensors 1-3 score alike and lower than 4-6, so they go first, in LRU order.
+  e.set_victim_score([](TensorId id, Tier) { return id <= 3 ? 0.0 : 1.0; });
+  for (TensorId id = 1; id <= 6; ++id) {
+    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
+  }
+  Lease l;  // 1 becomes the most recently used of the three
+  ASSERT_EQ(e.acquire(1, Tier::device, Access::read, &l), Status::ok);
+  ASSERT_EQ(e.release(l), Status::ok);
+  ASSERT_EQ(rig.transport.pending(), 0u);
+  ASSERT_EQ(e.add(7, 128 * KiB), Status::ok);
+  ASSERT_EQ(testing::write_version(e, 7, 0, Tier::device), Status::ok);
+  // 896 KiB > 768 KiB: down to 512 KiB takes three, 2, 3, then 1.
+  ASSERT_EQ(rig.transport.pending(), 3u);
+  EXPECT_EQ(rig.transport.started[0].tensor, 2u);
+  EXPECT_EQ(rig.transport.started[1].tensor, 3u);
+  EXPECT_EQ(rig.transport.started[2].tensor, 1u);
+}
+
+// The score is asked for only when something must go: not below the high
+// watermark, and not while the write-backs already leaving cover the excess.
+TEST(EngineManual, VictimScoreIsAskedOnlyWhenSomethingMustGo) {
+  EngineConfig c = small(1 * MiB, 16 * MiB, 0.75, 0.5);
+  c.link_slots = {8, 8, 8, 8};
+  ManualRig rig(c);
+  Engine& e = *rig.engine;
+  int calls = 0;
+  e.set_victim_score([&calls](TensorId id, Tier) {
+    ++calls;
+    return static_cast<double>(id);
+  });
+  for (TensorId id = 1; id <= 6; ++id) {
+    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+    ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
+  }
+  EXPECT_EQ(calls, 0);  // 768 KiB: at the high watermark, not above
+  ASSERT_EQ(e.add(7, 128 * KiB), Status::ok);
+  ASSERT_EQ(testing::write_version(e, 7, 0, Tier::device), Status::ok);
+  ASSERT_EQ(rig.transport.pending(), 3u);  // 1, 2, 3 leave
+  EXPECT_GT(calls, 0);
+  const int after_scan = calls;
+  Lease l;  // releases pump the engine again while the three are in flight
+  for (TensorId id : {4, 5, 6}) {
+    ASSERT_EQ(e.acquire(id, Tier::device, Access::read, &l), Status::ok);
+    ASSERT_EQ(e.release(l), Status::ok);
+  }
+  EXPECT_EQ(calls, after_scan);
+  EXPECT_EQ(rig.transport.pending(), 3u);
+}
+
+// Ids far apart and in strides (as pointers or hashes would be) in the flat
+// id table (Note [Entry table]): every one is found until removed, removing
+// some in the middle of probe runs loses none of the others, and a removed
+// id can be added again.
+TEST(EngineManual, ManyTensorIdsAddRemoveAndAddAgain) {
+  ManualRig rig(small(4 * MiB, 16 * MiB));
+  Engine& e = *rig.engine;
+  std::vector<TensorId> ids;
+  for (std::uint64_t i = 0; i < 3000; ++i) ids.push_back(i * 4096 + (i % 3) * (1ull << 40) + 1);
+  for (TensorId id : ids) ASSERT_EQ(e.add(id, 64), Status::ok);
+  EXPECT_EQ(e.add(ids[17], 64), Status::invalid_argument);  // already there
+  for (std::size_t i = 0; i < ids.size(); i += 3) ASSERT_EQ(e.remove(ids[i]), Status::ok);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(e.residency(ids[i]).has_value(), i % 3 != 0) << i;
+  }
+  EXPECT_EQ(e.stats().tensors, 2000u);
+  for (std::size_t i = 0; i < ids.size(); i += 3) ASSERT_EQ(e.add(ids[i], 64), Status::ok);
+  for (TensorId id : ids) ASSERT_TRUE(e.residency(id).has_value()) << id;
+  EXPECT_EQ(e.remove(12345), Status::not_found);
+  EXPECT_EQ(e.stats().tensors, 3000u);
 }
 
 // A queued eviction found stale while a demand copy of the same tensor runs

@@ -88,8 +88,11 @@ TEST(HwProfile, BuiltinNumbersInBaseUnits) {
   HwProfile b = load_profile("ascend-910b-64g");
   EXPECT_DOUBLE_EQ(b.device.hbm_capacity.si, 2 * a.device.hbm_capacity.si);
   // The two 910B profiles differ only in HBM capacity (and the words saying so).
-  for (const auto& f : u3m::sim::param_fields())
-    if (f.key != "hbm_capacity") EXPECT_EQ(f.at(a).si, f.at(b).si) << f.key;
+  for (const auto& f : u3m::sim::param_fields()) {
+    if (f.key != "hbm_capacity") {
+      EXPECT_EQ(f.at(a).si, f.at(b).si) << f.key;
+    }
+  }
   HwProfile h = load_profile("nvidia-h200");
   EXPECT_DOUBLE_EQ(h.device.hbm_capacity.si, 141e9);
   EXPECT_DOUBLE_EQ(h.device.peak_flops.si, 989e12);

@@ -178,6 +178,35 @@ TEST(SimRunner, TwoRunsGiveIdenticalResults) {
   }
 }
 
+// The overload for callers that built the steps already gives the same run.
+TEST(SimRunner, PrebuiltStepsGiveTheSameRun) {
+  const trace::Trace t = layers(8, 1 * MB, 3);
+  const SimOptions o = options(3 * MB, 0.7e-3);
+  const SimReport a = simulate_trace(t, o), b = simulate_trace(t, build_steps(t), o);
+  EXPECT_GT(a.engine.evictions, 0u);
+  EXPECT_EQ(a.total_ns, b.total_ns);
+  EXPECT_EQ(a.stall_ns, b.stall_ns);
+  EXPECT_EQ(a.events, b.events);
+  EXPECT_EQ(a.engine.evictions, b.engine.evictions);
+  for (int l = 0; l < kNumLinks; ++l) EXPECT_EQ(a.links[l].bytes, b.links[l].bytes);
+}
+
+// Layer numbers after an underscore fold into one family per op kind.
+TEST(SimRunner, OpFamiliesFoldLayerNumbers) {
+  Builder b;
+  auto x = b.tensor("x", 1 * MB);
+  for (const char* name : {"layer_12.attn_out", "layer_3.attn_out", "head", "x_", "l_7"})
+    b.op(name, {{x, EventKind::write}});
+  const SimReport r = simulate_trace(b.t, options(16 * MB, 1e-3));
+  ASSERT_TRUE(r.ok()) << r.first_error;
+  std::vector<std::pair<std::string, std::uint64_t>> got;
+  for (const OpFamilyReport& f : r.op_families) got.emplace_back(f.name, f.steps);
+  // Nothing missed: sorted by name.
+  const std::vector<std::pair<std::string, std::uint64_t>> want = {
+      {"head", 1}, {"l_*", 1}, {"layer_*.attn_out", 2}, {"x_", 1}};
+  EXPECT_EQ(got, want);
+}
+
 TEST(SimRunner, ThreeTiersSpillToTheSsd) {
   const trace::Trace t = layers(8, 1 * MB, 2);
   SimOptions o = options(2 * MB, 1e-3);

@@ -2,6 +2,7 @@
 // (contention worked out by hand), the fake host tier.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -40,6 +41,38 @@ TEST(VirtualTime, RunsEventsInTimeOrderAndTiesInSchedulingOrder) {
   EXPECT_EQ(vt.next_time(), std::nullopt);
   EXPECT_THROW(vt.schedule_at(29, [] {}), std::logic_error);
   EXPECT_THROW(vt.run_until(29), std::logic_error);
+}
+
+// Many events whose callbacks schedule more (so queue slots are reused while
+// others wait): they run in (time, scheduling order), each exactly once.
+TEST(VirtualTime, InterleavedSchedulingKeepsTimeThenSchedulingOrder) {
+  VirtualTime vt;
+  struct Ran {
+    std::uint64_t t, seq;
+  };
+  std::vector<Ran> ran;
+  std::uint64_t seq = 0, x = 12345;
+  auto next = [&x] { return x = x * 6364136223846793005ull + 1442695040888963407ull; };
+  std::function<void(int)> spawn = [&](int depth) {
+    const std::uint64_t at = vt.now_ns() + (next() >> 60);  // 0..15 ns ahead: many ties
+    const std::uint64_t s = seq++;
+    vt.schedule_at(at, [&, at, s, depth] {
+      ran.push_back({at, s});
+      if (depth < 3) {
+        spawn(depth + 1);
+        spawn(depth + 1);
+      }
+    });
+  };
+  for (int i = 0; i < 50; ++i) spawn(0);
+  vt.run_all();
+  ASSERT_EQ(ran.size(), 50u * 15u);  // 1 + 2 + 4 + 8 events per root
+  EXPECT_EQ(vt.events_run(), ran.size());
+  for (std::size_t i = 1; i < ran.size(); ++i) {
+    const bool ordered =
+        ran[i - 1].t < ran[i].t || (ran[i - 1].t == ran[i].t && ran[i - 1].seq < ran[i].seq);
+    ASSERT_TRUE(ordered) << "event " << i;
+  }
 }
 
 struct Done {

@@ -136,9 +136,11 @@ class Engine {
   Status evict(TensorId id, Tier from);
 
   // The policy's eviction order (policy/ layer: heat, Belady's oracle, pinned
-  // prefixes). Lower score = evicted first; +inf = never evicted by pressure.
-  // Null (the default) = least recently used. Called under the engine's lock:
-  // it must be quick and must not call back into the engine.
+  // prefixes). Lower score = evicted first; +inf (or NaN) = never evicted by
+  // pressure. Null (the default) = least recently used. Called under the
+  // engine's lock: it must be quick and must not call back into the engine.
+  // It is asked only when something must go (for every candidate copy then),
+  // so it must not count on being called (no side effects that matter).
   using VictimScore = std::function<double(TensorId, Tier)>;
   void set_victim_score(VictimScore fn);
 
@@ -150,6 +152,7 @@ class Engine {
 
   std::optional<Residency> residency(TensorId id) const;
   EngineStats stats() const;
+  std::uint64_t evictions() const;  // stats().evictions without copying the rest
   mem::TierReport monitor(Tier t) const;
   // Level changes of any tier. Called under the engine's lock: it must be
   // quick and must not call back into the engine (queue the alert instead).
@@ -171,27 +174,69 @@ class Engine {
     std::deque<Job> q[kNumPriorities];
     unsigned in_flight = 0;
     std::uint64_t bytes = 0;  // of the queued jobs (stale ones too: an upper bound)
-    bool empty() const { return q[0].empty() && q[1].empty() && q[2].empty(); }
+    std::size_t jobs = 0;     // queued, all priorities
+    bool empty() const { return jobs == 0; }
     void push_back(const Job& j) {
       q[static_cast<int>(j.prio)].push_back(j);
       bytes += j.bytes;
+      ++jobs;
     }
     void push_front(const Job& j) {
       q[static_cast<int>(j.prio)].push_front(j);
       bytes += j.bytes;
+      ++jobs;
     }
     Job pop(int prio) {
       Job j = q[prio].front();
       q[prio].pop_front();
       bytes -= j.bytes;
+      --jobs;
       return j;
     }
   };
   struct Running {
+    std::uint64_t ticket;
     Job job;
     Link link;
     Tier from;
     std::uint64_t start_ns;
+  };
+  // Least recently used first; intrusive (Entry::lru_prev/next), so a touch
+  // allocates nothing.
+  struct LruList {
+    Entry* head = nullptr;
+    Entry* tail = nullptr;
+  };
+  // Open-addressing id -> Entry* table (Note [Entry table] in engine.cpp).
+  class EntryTable {
+   public:
+    Entry* find(TensorId id) const;
+    bool insert(TensorId id, Entry* e);  // false if id is present
+    void erase(TensorId id);
+    std::size_t size() const { return size_; }
+    template <class F>
+    void for_each(F f) const {
+      for (const Slot& s : slots_)
+        if (s.e) f(*s.e);
+    }
+
+   private:
+    struct Slot {
+      TensorId id = 0;
+      Entry* e = nullptr;  // null = empty
+    };
+    std::size_t home(TensorId id) const;
+    void grow();
+    std::vector<Slot> slots_;  // power-of-two size, at most half full
+    std::size_t size_ = 0;
+    unsigned shift_ = 64;  // 64 - log2(slots_.size())
+  };
+  // A candidate for pressure eviction: its score and its place in LRU order
+  // (ties go to the least recently used, as a stable sort would order them).
+  struct Victim {
+    double score;
+    std::uint64_t rank;
+    Entry* e;
   };
   struct Actions {  // work done outside the lock
     std::vector<Transfer> transfers;
@@ -214,6 +259,10 @@ class Engine {
   void free_copy(Entry& e, Tier t, Actions& act);
   void drop_stale(Entry& e, Tier keep, Actions& act);
   void touch(Entry& e, Tier t);
+  void lru_unlink(Entry& e, int i);
+  Entry* find(TensorId id) const { return entries_.find(id); }
+  Entry* new_entry();
+  void recycle(Entry* e);
   void on_done(const Transfer& t, Status s);
   void run(Actions& act);
   void note_use(Tier t);
@@ -229,10 +278,16 @@ class Engine {
   mutable std::mutex mu_;
   std::atomic<int> callbacks_{0};  // completion callbacks still running
   std::condition_variable cv_;     // any state change a waiter may care about
-  std::unordered_map<TensorId, std::unique_ptr<Entry>> entries_;
-  std::list<Entry*> lru_[2];  // device, host: least recently used first
+  EntryTable entries_;
+  std::vector<std::unique_ptr<Entry>> arena_;  // every Entry ever made; entries_ points here
+  std::vector<Entry*> spare_;                  // removed entries, reused by add()
+  LruList lru_[2];                             // device, host
   std::array<LinkQueue, kNumLinks> links_{};
-  std::unordered_map<std::uint64_t, Running> running_;
+  // Transfers started and not completed: at most the sum of link_slots, so a
+  // short vector searched linearly beats a hash map.
+  std::vector<Running> running_;
+  std::vector<Victim> victims_;        // evict_for_pressure's scratch
+  std::uint64_t backoff_horizon_ = 0;  // the latest Entry::backoff_until ever set
   std::uint64_t next_seq_ = 1, next_ticket_ = 1;
   std::uint64_t used_[mem::kNumTiers] = {};
   std::uint64_t leaving_[2] = {0, 0};  // bytes with an eviction queued or running, per tier

@@ -152,5 +152,10 @@ struct SimReport {
 // Throws InputError for a trace that cannot be simulated (a tensor of 0
 // bytes) or options that do not work (no compute model, bad links).
 SimReport simulate_trace(const trace::Trace& trace, const SimOptions& options);
+// The same with the trace's steps already built (`steps` must be
+// build_steps(trace)), for callers that need them anyway (a policy's
+// lookahead): building them is a noticeable share of a short simulation.
+SimReport simulate_trace(const trace::Trace& trace, const std::vector<Step>& steps,
+                         const SimOptions& options);
 
 }  // namespace u3m::sim

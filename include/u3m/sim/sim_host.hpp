@@ -5,7 +5,7 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
+#include <vector>
 
 #include "u3m/mem/backend.hpp"
 
@@ -23,12 +23,20 @@ class SimHost final : public mem::MemoryBackend {
 
   std::uint64_t used() const { return used_; }
   std::uint64_t peak() const { return peak_; }
-  std::uint64_t live_allocations() const { return live_.size(); }
+  std::uint64_t live_allocations() const { return live_; }
 
  private:
-  std::uint64_t capacity_, used_ = 0, peak_ = 0;
+  // Addresses only grow, so the allocations in the order made are sorted by
+  // address: free() finds its block by binary search, with no node per
+  // allocation as a hash map would need. A freed block keeps its place
+  // (bytes = 0) until the freed outnumber the live, then they are dropped.
+  struct Block {
+    std::uintptr_t addr;
+    std::uint64_t bytes;  // 0 = freed
+  };
+  std::uint64_t capacity_, used_ = 0, peak_ = 0, live_ = 0;
   std::uintptr_t next_;
-  std::unordered_map<std::uintptr_t, std::uint64_t> live_;  // address -> bytes
+  std::vector<Block> blocks_;
 };
 
 }  // namespace u3m::sim

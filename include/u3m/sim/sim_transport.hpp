@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "u3m/engine/transport.hpp"
 #include "u3m/sim/profile.hpp"
@@ -77,7 +78,12 @@ class SimTransport final : public engine::Transport {
   const SimTransportConfig& config() const { return config_; }
 
  private:
+  struct Pending {  // a transfer whose completion is scheduled
+    engine::Transfer t;
+    engine::Status status;
+  };
   int channel(engine::Link l) const;
+  void complete(std::uint32_t slot);
 
   VirtualTime& clock_;
   SimTransportConfig config_;
@@ -85,6 +91,8 @@ class SimTransport final : public engine::Transport {
   std::array<std::uint64_t, kNumLinks> free_at_{};  // per channel: when the link is free
   std::array<SimLinkStats, kNumLinks> stats_{};
   std::unordered_map<std::uint64_t, std::uint64_t> ssd_;  // key -> bytes held (bookkeeping)
+  std::vector<Pending> pending_;                          // by slot
+  std::vector<std::uint32_t> free_;                       // slots of pending_ to reuse
   std::uint64_t ssd_used_ = 0, ssd_peak_ = 0;
 };
 
