@@ -9,5 +9,6 @@ namespace u3m::python {
 void bind_trace(pybind11::module_& m);    // bind_trace.cpp: traces, predictors, simulator
 void bind_runtime(pybind11::module_& m);  // bind_runtime.cpp: the engine on real backends
 void bind_kv(pybind11::module_& m);       // bind_kv.cpp: the tiered KV store
+void bind_serve(pybind11::module_& m);    // bind_serve.cpp: the serving simulator
 
 }  // namespace u3m::python

@@ -231,6 +231,18 @@ class BindingsTest(unittest.TestCase):
         self.assertGreater(r["tokens_per_s"], 0)
         self.assertIn("u3m", u3m.train_policy_names())
 
+    def test_serving_simulator_entry_point(self):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sample = os.path.join(root, "data/requests/samples/mooncake_conversation_head20.jsonl")
+        r = u3m.simulate_serving(sample, model="llama3-8b", policy="hbm-only")
+        self.assertIn("simulated", r["label"])
+        self.assertEqual(r["finished"] + r["too_large"], r["requests"])
+        self.assertGreater(r["ttft_ms"]["p50"], 0)
+        self.assertLessEqual(r["ttft_ms"]["p50"], r["ttft_ms"]["p99"])
+        self.assertIn("hbm-only", u3m.serve_policy_names())
+        with self.assertRaisesRegex(u3m.InputError, "no-such-policy"):
+            u3m.simulate_serving(sample, policy="no-such-policy")
+
 
 if __name__ == "__main__":
     unittest.main()
