@@ -8,6 +8,8 @@
 #   5. plan device memory for a training step: static plan vs the caching pool
 #   6. replay a training trace through the real runtime under half its footprint
 #   7. training capacity per tiering policy on 4 x Ascend 910B (simulated)
+#   8. serving goodput per KV policy on 4 x Ascend 910B (simulated)
+#   9. PyTorch training and generation under u3m on this CPU (measured)
 set -euo pipefail
 U3M=${1:-build/release/apps/u3m/u3m}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -51,6 +53,22 @@ section "7. Training capacity per policy, simulated with the ascend-910b-32g pro
 "$U3M" train capacity
 echo
 "$U3M" train capacity --grad-accum 16
+
+section "8. RAG serving goodput per KV policy, simulated with the ascend-910b-32g profile x 4 cards (docs/serving.md)"
+"$U3M" serve capacity --requests rag --model llama3-8b --policies hbm-only,u3m
+echo
+"$U3M" serve capacity --requests "$root/data/requests/mooncake_conversation_trace.jsonl.gz" \
+  --limit 1000 --model llama3-8b --policies hbm-only,u3m
+
+section "9. PyTorch under u3m, measured on this CPU: training with half the device memory, generation with a quarter of the KV (docs/pytorch.md)"
+build=$(cd "$(dirname "$U3M")/../.." && pwd)
+if [ -d "$build/python/u3m" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  PYTHONPATH="$build/python" /usr/bin/python3 "$root/examples/train_llama_tiny.py" --compare
+  echo
+  PYTHONPATH="$build/python" /usr/bin/python3 "$root/examples/generate_llama_tiny.py" --compare
+else
+  echo "skipped: the Python extension ($build/python/u3m) or torch is missing (make build)"
+fi
 
 echo
 echo "demo files in $out"
