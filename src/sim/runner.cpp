@@ -144,6 +144,27 @@ class Simulation final : public PrefetchContext {
     for (const Touch& t : s.touches) ensure(t.tensor);
     const std::uint64_t t0 = vt_.now_ns();
     std::string error;
+    auto cannot_place = [&](const char* why) {
+      std::uint64_t need = 0;
+      for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
+      return fmt::format(
+          "step {} op '{}': its {} tensors ({} bytes) cannot all be placed on the device: {} "
+          "(device budget {} bytes, host budget {} bytes, SSD {} bytes)",
+          j, op.name, s.touches.size(), need, why, rep.device_budget, rep.host_budget,
+          rep.ssd_capacity);
+    };
+    if (tier == Tier::device) {
+      std::uint64_t need = 0;
+      for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
+      if (need > rep.device_budget) error = cannot_place("together they exceed the budget");
+    }
+    // Note [No progress]: the step's own tensors can evict each other when
+    // they fit only without the space the others' copies take in flight, so
+    // fetches complete forever and nothing is granted. A bound on events
+    // without a grant ends such a step with an error instead of a hang; it
+    // is far above any real wait (the queues ahead of a demand fetch).
+    constexpr std::uint64_t kMaxEventsWithoutGrant = 200'000;
+    std::uint64_t since_grant = 0;
     while (held < s.touches.size() && error.empty()) {
       const std::uint64_t evictions = eng_.evictions();
       bool granted = false;
@@ -165,17 +186,14 @@ class Simulation final : public PrefetchContext {
         }
       }
       if (held == s.touches.size() || !error.empty()) break;
-      if (vt_.run_next()) continue;  // wait for the next completion: stall
-      if (!granted && eng_.evictions() == evictions) {
-        std::uint64_t need = 0;
-        for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
-        error = fmt::format(
-            "step {} op '{}': its {} tensors ({} bytes) cannot all be placed on the device: "
-            "nothing is in flight and nothing more can be evicted (device budget {} bytes, host "
-            "budget {} bytes, SSD {} bytes)",
-            j, op.name, s.touches.size(), need, rep.device_budget, rep.host_budget,
-            rep.ssd_capacity);
+      since_grant = granted ? 0 : since_grant + 1;
+      if (since_grant > kMaxEventsWithoutGrant) {
+        error = cannot_place("they keep evicting each other (no progress in 200,000 events)");
+        break;
       }
+      if (vt_.run_next()) continue;  // wait for the next completion: stall
+      if (!granted && eng_.evictions() == evictions)
+        error = cannot_place("nothing is in flight and nothing more can be evicted");
     }
     rep.stall_ns += vt_.now_ns() - t0;
     fam.stall_ns += vt_.now_ns() - t0;

@@ -231,6 +231,8 @@ TEST(SimRunner, AStepThatCannotFitStopsTheRunAndSaysWhy) {
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.steps, 0u);
   EXPECT_NE(r.first_error.find("needs_both"), std::string::npos) << r.first_error;
+  EXPECT_NE(r.first_error.find("together they exceed the budget"), std::string::npos)
+      << r.first_error;
 }
 
 TEST(SimRunner, RooflineFromTheProfileIsTheDefaultComputeModel) {
