@@ -312,6 +312,8 @@ void Engine::free_copy(Entry& e, Tier t, Actions& act) {
       // this erase land on the new tensor's SSD copy (Transport::erase_ssd).
       transport_.erase_ssd(e.id);
       e.ssd = false;
+      used_[2] -= e.bytes;
+      note_use(Tier::ssd);
     }
     return;
   }
@@ -613,7 +615,11 @@ void Engine::on_done(const Transfer& t, Status s) {
       ls.bytes += t.bytes;
       ++ls.by_priority[static_cast<int>(r.job.prio)];
       e.valid |= bit(to);
-      if (to == Tier::ssd) e.ssd = true;
+      if (to == Tier::ssd && !e.ssd) {
+        e.ssd = true;
+        used_[2] += e.bytes;
+        note_use(Tier::ssd);
+      }
       touch(e, to);
       if (r.job.prio == Priority::prefetch) e.prefetched |= bit(to);
       e.prefetch_want &= static_cast<std::uint8_t>(~bit(to));

@@ -74,6 +74,19 @@ TEST(Engine, ThreeTiersSpillToSsdAndComeBack) {
   EXPECT_LE(st.peak[1], 1 * MiB);
   EXPECT_GT(st.links[static_cast<int>(Link::h2s)].bytes, 0u);
   EXPECT_GT(st.links[static_cast<int>(Link::s2h)].bytes, 0u);
+  // SSD use is counted like the other tiers: each tensor with a valid SSD
+  // copy once (the rest of the 4 MiB cannot fit in HBM + DRAM).
+  std::uint64_t on_ssd = 0;
+  for (int i = 0; i < kN; ++i) {
+    auto r = rig.engine->residency(100 + i);
+    ASSERT_TRUE(r.has_value());
+    if (r->valid[static_cast<int>(Tier::ssd)]) on_ssd += 128 * KiB;
+  }
+  EXPECT_GT(on_ssd, 0u);
+  EXPECT_EQ(st.used[2], on_ssd);
+  EXPECT_GE(st.peak[2], st.used[2]);
+  for (int i = 0; i < kN; ++i) ASSERT_EQ(rig.engine->remove(100 + i), Status::ok);
+  EXPECT_EQ(rig.engine->stats().used[2], 0u);
 }
 
 TEST(Engine, WriteMakesOtherCopiesStale) {
