@@ -172,39 +172,41 @@ nlohmann::json result_json(const experiments::ServeResult& r) {
                          {"busy_s", r.links[l].busy_s}};
   by_link["peer"] = {{"bytes_per_card", r.peer.bytes}, {"transfers", r.peer.transfers}};
   const kv::KvStats& k = r.kv;
-  return {{"goodput_rps", r.goodput_rps},
-          {"throughput_rps", r.throughput_rps},
-          {"met_fraction", r.met_fraction},
-          {"ttft_ms", pct(r.ttft_ms)},
-          {"tpot_ms", pct(r.tpot_ms)},
-          {"kv_hit_rate", r.kv_hit_rate},
-          {"recomputed_share_of_hits", r.recomputed_share},
-          {"max_concurrency", r.max_concurrency},
-          {"bytes_by_tier", by_tier},
-          {"bytes_by_link", by_link},
-          {"requests", r.requests},
-          {"finished", r.finished},
-          {"too_large", r.too_large},
-          {"met", r.met},
-          {"stopped_early", r.stopped_early},
-          {"span_s", r.span_s},
-          {"makespan_s", r.makespan_s},
-          {"iterations", r.iterations},
-          {"busy_s", r.busy_s},
-          {"kv_stream_wait_s", r.kv_wait_s},
-          {"queue",
-           {{"queued", k.queued},
-            {"peak_queue", k.peak_queue},
-            {"refused_queue_full_retried", r.retried_submits},
-            {"admitted", k.admitted}}},
-          {"spilled_bytes", r.spilled_bytes},
-          {"alerts", r.alerts},
-          {"first_alert_s", r.first_alert_s},
-          {"hits_by_tier_blocks",
-           {{"hbm", k.hit_blocks_by_tier[0]},
-            {"dram", k.hit_blocks_by_tier[1]},
-            {"ssd", k.hit_blocks_by_tier[2]}}},
-          {"slo", {{"ttft_ms", r.slo.ttft_ms}, {"tpot_ms", r.slo.tpot_ms}}}};
+  return {
+      {"goodput_rps", r.goodput_rps},
+      {"throughput_rps", r.throughput_rps},
+      {"met_fraction", r.met_fraction},
+      {"ttft_ms", pct(r.ttft_ms)},
+      {"tpot_ms", pct(r.tpot_ms)},
+      {"kv_hit_rate", r.kv_hit_rate},
+      {"recomputed_share_of_hits", r.recomputed_share},
+      {"max_concurrency", r.max_concurrency},
+      {"bytes_by_tier", by_tier},
+      {"bytes_by_link", by_link},
+      {"requests", r.requests},
+      {"finished", r.finished},
+      {"too_large", r.too_large},
+      {"met", r.met},
+      {"stopped_early", r.stopped_early},
+      {"span_s", r.span_s},
+      {"makespan_s", r.makespan_s},
+      {"iterations", r.iterations},
+      {"busy_s", r.busy_s},
+      {"kv_stream_wait_s", r.kv_wait_s},
+      {"queue",
+       {{"queued", k.queued},
+        {"peak_queue", k.peak_queue},
+        {"refused_queue_full_retried", r.retried_submits},
+        {"admitted", k.admitted}}},
+      {"spilled_bytes", r.spilled_bytes},
+      {"alerts", r.alerts},
+      {"first_alert_s", r.first_alert_s},
+      {"promoted_slots", {{"from_dram", k.promoted_host_slots}, {"from_ssd", k.promoted_slots}}},
+      {"hits_by_tier_blocks",
+       {{"hbm", k.hit_blocks_by_tier[0]},
+        {"dram", k.hit_blocks_by_tier[1]},
+        {"ssd", k.hit_blocks_by_tier[2]}}},
+      {"slo", {{"ttft_ms", r.slo.ttft_ms}, {"tpot_ms", r.slo.tpot_ms}}}};
 }
 
 void print_header(const experiments::ServeScenario& s) {
@@ -246,12 +248,12 @@ void print_detail(const experiments::ServeResult& r) {
              gb(double(r.capacity_bytes[2])), gb(double(r.peak_bytes[2])));
   fmt::print(
       "      links: d2h {}, h2d {}, h2s {}, s2h {}; waited for DRAM KV {:.2f} s of {:.2f} s busy; "
-      "hits by tier (blocks) HBM {} DRAM {} SSD {}, {:.0f}% of hits recomputed; spilled {}, "
-      "alerts {}\n",
+      "hits by tier (blocks) HBM {} DRAM {} SSD {}, {:.0f}% of hits recomputed; slots promoted "
+      "from DRAM {}, from SSD {}; spilled {}, alerts {}\n",
       gb(double(r.links[0].bytes)), gb(double(r.links[1].bytes)), gb(double(r.links[2].bytes)),
       gb(double(r.links[3].bytes)), r.kv_wait_s, r.busy_s, r.kv.hit_blocks_by_tier[0],
       r.kv.hit_blocks_by_tier[1], r.kv.hit_blocks_by_tier[2], 100 * r.recomputed_share,
-      gb(double(r.spilled_bytes)), r.alerts);
+      r.kv.promoted_host_slots, r.kv.promoted_slots, gb(double(r.spilled_bytes)), r.alerts);
 }
 
 bool tty(const ServeArgs& a) {
@@ -383,7 +385,8 @@ void add_serve_commands(CLI::App& app) {
       "Simulate serving a request trace with continuous batching under a KV policy: TTFT and "
       "TPOT percentiles, goodput under the SLOs, KV hit rate, bytes per tier and link");
   add_common(sim, *a);
-  sim->add_option("--kv-policy", a->policy, "hbm-only | u3m | u3m-dram | u3m-design | u3m-pgdsf")
+  sim->add_option("--kv-policy", a->policy,
+                  "hbm-only | u3m | u3m-tiered | u3m-dram | u3m-design | u3m-pgdsf")
       ->capture_default_str();
   sim->add_option("--rate-scale", a->rate_scale,
                   "Divide arrival times by this (2 = twice the request rate)")

@@ -27,13 +27,22 @@ namespace u3m::experiments {
 //               recompute-or-fetch for blocks found on SSD. Victims leave
 //               HBM for SSD (through a DRAM bounce buffer) instead of being
 //               dropped, and an SSD hit is promoted into HBM at admission.
-//   u3m-dram    HBM + DRAM + SSD, homes in HBM, overcommit 1.5: victims go
-//               HBM -> DRAM -> SSD. The block manager promotes only SSD hits;
-//               a DRAM hit stays in DRAM while the request runs, so every
-//               prefill chunk and every decode step streams it over the host
-//               link (Note [KV streaming]). Measured in docs/serving.md: that
-//               per-step streaming costs more TPOT than the larger cache
-//               saves, which is why `u3m` leaves DRAM out of the KV tiers.
+//               DRAM serves as the SSD's write-back staging buffer (Note
+//               [Write-behind]).
+//   u3m-tiered  HBM + DRAM + SSD, homes in HBM, LRU, no overcommit,
+//               recompute-or-fetch. Victims go HBM -> DRAM -> SSD; a hit in
+//               DRAM or on SSD is promoted into HBM at admission (Note
+//               [Promoting DRAM hits] in src/kv/block_manager.cpp), so DRAM
+//               is a cache tier over the host link in front of the SSD and,
+//               with overcommit 1, every running request's KV is in HBM: no
+//               decode step streams KV. Measured in docs/serving.md: it does
+//               not beat `u3m` (the SSD write-back has one second of staging
+//               instead of all of DRAM, and DRAM holds little of Mooncake's
+//               reuse), so `u3m` stays the default.
+//   u3m-dram    `u3m-tiered` with overcommit 1.5: referenced KV beyond HBM
+//               is placed in DRAM and streamed over the host link by every
+//               prefill chunk and decode step of its request (Note [KV
+//               streaming]).
 //   u3m-design  the design document's default: the first 4 layers' KV in
 //               HBM, the rest in DRAM, overcommit 1.5: decode streams most of
 //               every request's KV over the host link each step.
@@ -141,8 +150,8 @@ void add_tokens(const ServeScenario& s, Work& w, double begin, double tokens, bo
 }  // namespace
 
 const std::vector<std::string>& serve_policy_names() {
-  static const std::vector<std::string> n = {"hbm-only", "u3m", "u3m-dram", "u3m-design",
-                                             "u3m-pgdsf"};
+  static const std::vector<std::string> n = {"hbm-only", "u3m",        "u3m-tiered",
+                                             "u3m-dram", "u3m-design", "u3m-pgdsf"};
   return n;
 }
 
@@ -150,7 +159,8 @@ ServePolicy serve_policy(const std::string& name) {
   ServePolicy p;
   p.name = name;
   if (name == "hbm-only") return p;
-  if (name == "u3m" || name == "u3m-pgdsf") {
+  if (name == "u3m" || name == "u3m-pgdsf" || name == "u3m-tiered") {
+    p.dram = name == "u3m-tiered";
     p.ssd = true;
     p.recompute_choice = true;
     if (name == "u3m-pgdsf") p.eviction = kv::EvictionPolicy::pgdsf;
@@ -164,7 +174,7 @@ ServePolicy serve_policy(const std::string& name) {
     return p;
   }
   input_error("--kv-policy",
-              "unknown policy '{}' (choices: hbm-only, u3m, u3m-dram, u3m-design, "
+              "unknown policy '{}' (choices: hbm-only, u3m, u3m-tiered, u3m-dram, u3m-design, "
               "u3m-pgdsf)",
               name);
 }
@@ -428,14 +438,17 @@ double Simulator::estimate_move(double t, Tier from, Tier to, double bytes) cons
 }
 
 // Note [Recompute or fetch]
-// A cached block found on SSD is promoted by the block manager at admission.
-// The simulator then chooses, per token block, the cheaper way to get its KV
-// into the promoted slots: fetch (the moves booked on the links, behind
-// what is queued there now) or recompute (the block's FLOPs at the group's
-// achievable rate: recompute_flops grows with the block's position, through
-// attention). Recomputed blocks join the request's prefill; their moves are
-// not booked (the slot is written by compute, through the host link when the
-// slot is in DRAM). Hits already in HBM or DRAM are used in place.
+// A cached block found on SSD, or in DRAM with HBM room (Note [Promoting DRAM
+// hits] in src/kv/block_manager.cpp), is promoted by the block manager at
+// admission. The simulator then chooses, per token block, the cheaper way to
+// get its KV into the promoted slots: fetch (the moves booked on the links,
+// behind what is queued there now; a block whose groups come from both DRAM
+// and SSD waits for the slower source) or recompute (the block's FLOPs at the
+// group's achievable rate: recompute_flops grows with the block's position,
+// through attention). Recomputed blocks join the request's prefill; their
+// moves are not booked (the slot is written by compute, through the host link
+// when the slot is in DRAM). Hits already in HBM, and DRAM hits that found no
+// HBM room, are used in place (the latter streamed, Note [KV streaming]).
 void Simulator::admitted(const std::vector<kv::Admission>& adms) {
   const std::vector<kv::Action> acts = bm_.take_actions();
   // Promotions per request and token block; all other moves are background.
@@ -458,16 +471,25 @@ void Simulator::admitted(const std::vector<kv::Admission>& adms) {
     const std::uint64_t hit = std::min<std::uint64_t>(a.hit_tokens, q.prompt - 1);
     res_.per_request[a.id].hit_tokens = a.hit_tokens;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> recompute;
-    double own_queue = 0;  // link time of this request's fetches booked so far
+    // Link time of this request's fetches booked so far, by source tier (its first link).
+    std::array<double, kv::kTiers> own_queue{};
     for (std::uint32_t i = 0; i < a.prompt_full_blocks && i < table.size(); ++i) {
       auto it = promos.find(table[i]);
       if (it == promos.end()) continue;
-      double fetch_bytes = 0;
-      for (const kv::Action* m : it->second) fetch_bytes += double(m->bytes);
+      // A token block's groups may come up from DRAM and from SSD: by source.
+      std::array<double, kv::kTiers> from_bytes{};
+      std::array<Tier, kv::kTiers> from_to{};
+      for (const kv::Action* m : it->second) {
+        from_bytes[int(m->from)] += double(m->bytes);
+        from_to[int(m->from)] = m->to;
+      }
       // The backlog before this admission, plus this block's own link time:
       // the request's fetches pipeline behind each other, recomputes run serially.
-      const double fetch_s =
-          estimate_move(now_, Tier::ssd, it->second.front()->to, fetch_bytes) - now_ - own_queue;
+      double fetch_s = 0;
+      for (Tier f : {Tier::host, Tier::ssd})
+        if (from_bytes[int(f)] > 0)
+          fetch_s = std::max(fetch_s, estimate_move(now_, f, from_to[int(f)], from_bytes[int(f)]) -
+                                          now_ - own_queue[int(f)]);
       const double recompute_s = geo_.recompute_flops(i) / eff_flops_;
       // A block past the hit run (adopted after a miss) is computed by the prefill anyway.
       const bool in_prefill = i * B >= hit;
@@ -479,7 +501,8 @@ void Simulator::admitted(const std::vector<kv::Admission>& adms) {
         for (const kv::Action* m : it->second)
           if (m->to == Tier::host) book_move(now_, Tier::device, Tier::host, double(m->bytes));
       } else {
-        own_queue += fetch_bytes / links_[3].bw;
+        for (Tier f : {Tier::host, Tier::ssd})
+          own_queue[int(f)] += from_bytes[int(f)] / links_[f == Tier::ssd ? 3 : 1].bw;
         for (const kv::Action* m : it->second)
           q.ready_at = std::max(q.ready_at, book_move(now_, m->from, m->to, double(m->bytes)));
       }

@@ -119,6 +119,25 @@ namespace u3m::kv {
 // (~1 GB/s, MISSION.md), so serving I/O is not starved. Spills are moves with
 // reason `spill`; the driver may also cap its h2s link (Engine::set_link_rate).
 //
+// Note [Promoting DRAM hits]
+// A cached slot found in DRAM whose group's home is HBM is moved into HBM at
+// admission (a `move` with reason `promote`, like an SSD hit's) when HBM has
+// a free slot or an evictable one; the evicted HBM victim goes down to DRAM
+// and, if DRAM is full, a DRAM victim goes down to SSD (Note [Tiers and
+// moves]), so DRAM works as a cache tier between HBM and SSD. Why: a
+// referenced slot never moves while its request runs, and compute reads a
+// DRAM slot over the host link on every iteration (prefill chunks and each
+// decode step), ~64x slower than HBM; one copy up at admission costs one
+// read of it. Promotion never displaces a referenced or pinned slot: when
+// HBM holds only those (an overcommitted batch), the hit stays in DRAM and
+// is streamed. It keeps the admission bounds of fits(): the slot stays
+// locked and in HBM + DRAM, only its tier changes, and what it displaces was
+// unlocked. The hit's own blocks are referenced before any promotion, so
+// making room never evicts a block of the same request. Promotion goes in
+// prompt order, before the private blocks are created, so under overcommit
+// the shared prefix gets HBM first. Homes in DRAM (the design's default
+// placement) are left where they are: that is their placement.
+//
 // Note [Adopted blocks]
 // A cached block after a prompt's first miss (its prefix was dropped before
 // it) holds valid KV: the request references it rather than storing a twin,
@@ -468,11 +487,15 @@ Admission BlockManager::admit(const Pending& p) {
   }
   for (std::size_t i = 0; i < p.keys.size(); ++i) {
     if (table[i] != 0) {
-      for (std::uint32_t g = 0; g < groups_; ++g)
-        if (blocks_.at(table[i]).tier[g] == Tier::ssd) {
+      for (std::uint32_t g = 0; g < groups_; ++g) {
+        const Tier t = blocks_.at(table[i]).tier[g];
+        if (t == Tier::ssd) {
           place(table[i], g, Action::Reason::promote);
           ++a.promoted_slots;
+        } else if (t == Tier::host && promote_host(table[i], g)) {
+          ++a.promoted_host_slots;
         }
+      }
       continue;
     }
     // A key repeated inside one prompt can only be a hash collision: keep it private.
@@ -502,6 +525,7 @@ Admission BlockManager::admit(const Pending& p) {
   st_.new_blocks += a.new_blocks;
   st_.private_blocks += a.private_blocks;
   st_.promoted_slots += a.promoted_slots;
+  st_.promoted_host_slots += a.promoted_host_slots;
   st_.peak_running = std::max<std::uint64_t>(st_.peak_running, requests_.size());
   st_.peak_referenced_slots = std::max(st_.peak_referenced_slots, referenced_slots_);
   check_emergency();
@@ -571,6 +595,14 @@ Tier BlockManager::take_slot(std::uint32_t g) {
 
 void BlockManager::place(TokenBlockId tb, std::uint32_t g, Action::Reason why) {
   move_slot(tb, g, take_slot(g), why);
+}
+
+bool BlockManager::promote_host(TokenBlockId tb, std::uint32_t g) {
+  // Note [Promoting DRAM hits]
+  if (!cfg_.promote_host_hits || homes_[g] != Tier::device) return false;
+  if (free_slots(Tier::device) == 0 && !make_room(Tier::device, 1)) return false;
+  move_slot(tb, g, Tier::device, Action::Reason::promote);
+  return true;
 }
 
 bool BlockManager::make_room(Tier t, std::uint64_t n) {

@@ -139,8 +139,8 @@ TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
   // Hits on SSD: HBM holds one prompt, so the first prompt is demoted to SSD
   // by the second and found there by the third.
   auto run = [](double ssd_read_bw) {
-    ServeScenario s = base("llama3-8b", "u3m");
-    kv_slots(s, 8 * 30);  // 30 token blocks
+    ServeScenario s = base("llama3-8b", "u3m");  // no DRAM tier: victims go to SSD
+    kv_slots(s, 8 * 30);                         // 30 token blocks
     s.hw.ssd.read_bandwidth.si = ssd_read_bw;
     const std::vector<PromptSegment> a = {{"a", 2048}, {"qa", 16}}, b = {{"b", 2048}, {"qb", 16}};
     s.requests = {req(0, a, 2), req(5'000, b, 2), req(10'000, a, 2)};
@@ -158,6 +158,28 @@ TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
   // Either way the third request beats a cold prefill of its prompt.
   const double cold = fast.per_request[0].first_token_s - fast.per_request[0].arrival_s;
   EXPECT_LT(fast.per_request[2].first_token_s - fast.per_request[2].arrival_s, cold);
+}
+
+// Note [Promoting DRAM hits]: under `u3m-tiered` the first prompt is demoted to DRAM
+// by the second and promoted back into HBM by the third, which then decodes
+// from HBM: the host link carries the promotion once, not a stream per step.
+TEST(ServeSim, DramHitIsPromotedOnceInsteadOfStreamedEachStep) {
+  ServeScenario s = base("llama3-8b", "u3m-tiered");
+  kv_slots(s, 8 * 30);  // 30 token blocks
+  const std::vector<PromptSegment> a = {{"a", 2048}, {"qa", 16}}, b = {{"b", 2048}, {"qb", 16}};
+  s.requests = {req(0, a, 2), req(5'000, b, 2), req(10'000, a, 64)};
+  const ServeResult r = simulate_serving(s);
+  ASSERT_EQ(r.finished, 3u);
+  // The second request pushed the first's last 3 cached blocks (deepest first) to DRAM.
+  EXPECT_EQ(r.kv.hit_blocks, 16u);
+  EXPECT_EQ(r.kv.hit_blocks_by_tier[1], 3u);
+  EXPECT_EQ(r.kv.promoted_host_slots, 3u * 8);  // 8 layer groups each
+  const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
+  EXPECT_EQ(r.links[1].bytes, 3u * 8 * g.slot_bytes());  // h2d: the promotion alone
+  EXPECT_LT(r.kv_wait_s, 1e-9);                          // nothing streamed (0 up to rounding)
+  EXPECT_EQ(r.per_request[2].recomputed_tokens, 0u);     // 100 GB/s beats recomputing
+  const double cold = r.per_request[0].first_token_s - r.per_request[0].arrival_s;
+  EXPECT_LT(r.per_request[2].first_token_s - r.per_request[2].arrival_s, cold);
 }
 
 TEST(ServeCapacity, HighestRateMeetingTheSlosIsBracketed) {

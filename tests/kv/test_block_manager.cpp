@@ -427,6 +427,154 @@ TEST(KvTiers, FullHomeTierFallsBackToTheOtherMemoryTier) {
   m.check_invariants();
 }
 
+// Note [Promoting DRAM hits]: every group's home in HBM, no overcommit cap.
+namespace {
+KvConfig hbm_homes(std::uint64_t device, std::uint64_t host, std::uint64_t ssd) {
+  KvConfig c = tiered(device, host, ssd);
+  c.home.assign(c.geometry.groups(), Tier::device);
+  return c;
+}
+ServeRequest prompt_only(const std::string& id) {  // one cached block, no decode block
+  return req({{id, 4}}, 0);
+}
+std::vector<Action> moves_of(const std::vector<Action>& acts) {
+  std::vector<Action> out;
+  for (const Action& x : acts)
+    if (x.kind == Action::Kind::move) out.push_back(x);
+  return out;
+}
+}  // namespace
+
+TEST(KvTiers, DramHitIsPromotedIntoHbmWhenHbmHasRoom) {
+  BlockManager m(hbm_homes(4, 8, 0));
+  run_once(m, 1, one_block("A"));
+  run_once(m, 2, one_block("B"));  // B's 4 slots push A's cached block down to DRAM
+  ASSERT_EQ(m.use(Tier::host).used, 2u);
+  m.take_actions();
+  Admission a;
+  ASSERT_EQ(m.submit(3, one_block("A"), &a), SubmitResult::admitted);
+  EXPECT_EQ(a.hit_blocks, 1u);
+  EXPECT_EQ(a.hit_blocks_by_tier[1], 1u);  // found in DRAM...
+  EXPECT_EQ(a.promoted_host_slots, 2u);    // ...and both groups moved up
+  EXPECT_EQ(a.promoted_slots, 0u);
+  for (std::uint32_t g = 0; g < 2; ++g) EXPECT_EQ(m.slot_tier(m.table(3)[0], g), Tier::device);
+  const auto by_group = m.slots_by_group(3);
+  for (std::uint32_t g = 0; g < 2; ++g) EXPECT_EQ(by_group[g][0], 2u) << "group " << g;
+  int promotions = 0;
+  for (const Action& x : m.take_actions())
+    if (x.reason == Action::Reason::promote) {
+      ++promotions;
+      EXPECT_EQ(x.from, Tier::host);
+      EXPECT_EQ(x.to, Tier::device);
+    }
+  EXPECT_EQ(promotions, 2);
+  EXPECT_EQ(m.stats().promoted_host_slots, 2u);
+  m.check_invariants();
+  // The private block evicted B's cold cached block to DRAM, not A's.
+  EXPECT_EQ(m.use(Tier::host).used, 2u);
+  drain(m, m.finish(3));
+  m.check_invariants();
+}
+
+TEST(KvTiers, DramHitStaysInDramWhenHbmHoldsOnlyReferencedSlots) {
+  BlockManager m(hbm_homes(4, 8, 0));
+  run_once(m, 1, one_block("A"));
+  run_once(m, 2, one_block("B"));                                  // A in DRAM, B cached in HBM
+  ASSERT_EQ(m.submit(3, one_block("C")), SubmitResult::admitted);  // C fills HBM, B goes down
+  ASSERT_EQ(m.use(Tier::device).locked, 4u);
+  m.take_actions();
+  Admission a;
+  ASSERT_EQ(m.submit(4, one_block("A"), &a), SubmitResult::admitted);
+  EXPECT_EQ(a.hit_blocks_by_tier[1], 1u);
+  EXPECT_EQ(a.promoted_host_slots, 0u);
+  for (std::uint32_t g = 0; g < 2; ++g) EXPECT_EQ(m.slot_tier(m.table(4)[0], g), Tier::host);
+  for (const Action& x : m.take_actions()) {
+    EXPECT_NE(x.reason, Action::Reason::promote);
+    EXPECT_FALSE(x.kind == Action::Kind::move && x.from == Tier::device)
+        << "a referenced HBM slot was displaced";
+  }
+  for (std::uint32_t g = 0; g < 2; ++g) EXPECT_EQ(m.slot_tier(m.table(3)[0], g), Tier::device);
+  m.check_invariants();
+  drain(m, m.finish(3));
+  drain(m, m.finish(4));
+  m.check_invariants();
+}
+
+TEST(KvTiers, HomeInDramIsNotPromoted) {
+  BlockManager m(tiered(2, 8, 0));  // the design's homes: group 0 HBM, group 1 DRAM
+  run_once(m, 1, prompt_only("A"));
+  run_once(m, 2, prompt_only("B"));
+  run_once(m, 3, prompt_only("C"));  // A's group 0 slot pushed down to DRAM
+  ASSERT_EQ(m.use(Tier::host).used, 4u);
+  Admission a;
+  ASSERT_EQ(m.submit(4, prompt_only("A"), &a), SubmitResult::admitted);
+  EXPECT_EQ(a.promoted_host_slots, 1u);  // group 0 only
+  EXPECT_EQ(m.slot_tier(m.table(4)[0], 0), Tier::device);
+  EXPECT_EQ(m.slot_tier(m.table(4)[0], 1), Tier::host);
+  m.check_invariants();
+}
+
+TEST(KvTiers, PromotionCascadesHbmToDramToSsd) {
+  BlockManager m(hbm_homes(2, 4, 8));  // HBM holds one token block, DRAM two
+  run_once(m, 1, prompt_only("A"));
+  run_once(m, 2, prompt_only("B"));
+  run_once(m, 3, prompt_only("C"));  // HBM {C}, DRAM {A, B}: both full of cold cached blocks
+  ASSERT_EQ(m.use(Tier::device).used, 2u);
+  ASSERT_EQ(m.use(Tier::host).used, 4u);
+  ASSERT_EQ(m.use(Tier::ssd).used, 0u);
+  const KvStats before = m.stats();
+  m.take_actions();
+  Admission a;
+  ASSERT_EQ(m.submit(4, prompt_only("A"), &a), SubmitResult::admitted);
+  EXPECT_EQ(a.promoted_host_slots, 2u);
+  // Group 0: B's slot (the LRU DRAM victim) down to SSD, C's down to DRAM, A's
+  // up to HBM. That frees a DRAM slot, so group 1 needs no SSD write.
+  const std::vector<Action> mv = moves_of(m.take_actions());
+  ASSERT_EQ(mv.size(), 5u);
+  struct Want {
+    Action::Reason why;
+    Tier from, to;
+  };
+  const Want want[] = {{Action::Reason::evict, Tier::host, Tier::ssd},
+                       {Action::Reason::evict, Tier::device, Tier::host},
+                       {Action::Reason::promote, Tier::host, Tier::device},
+                       {Action::Reason::evict, Tier::device, Tier::host},
+                       {Action::Reason::promote, Tier::host, Tier::device}};
+  for (std::size_t i = 0; i < mv.size(); ++i) {
+    EXPECT_EQ(mv[i].reason, want[i].why) << i;
+    EXPECT_EQ(mv[i].from, want[i].from) << i;
+    EXPECT_EQ(mv[i].to, want[i].to) << i;
+  }
+  const TokenBlockId a_tb = m.table(4)[0];
+  EXPECT_EQ(mv[2].block, block_id(a_tb, 0));
+  EXPECT_EQ(mv[4].block, block_id(a_tb, 1));
+  EXPECT_EQ(mv[1].block / kMaxGroups, mv[3].block / kMaxGroups);  // C, both groups
+  EXPECT_NE(mv[0].block / kMaxGroups, mv[1].block / kMaxGroups);  // B, not C
+  EXPECT_EQ(m.stats().demoted_slots[0] - before.demoted_slots[0], 2u);
+  EXPECT_EQ(m.stats().demoted_slots[1] - before.demoted_slots[1], 1u);
+  EXPECT_EQ(m.use(Tier::device).used, 2u);
+  EXPECT_EQ(m.use(Tier::host).used, 3u);
+  EXPECT_EQ(m.use(Tier::ssd).used, 1u);
+  m.check_invariants();
+  drain(m, m.finish(4));
+  for (const char* k : {"A", "B", "C"}) EXPECT_EQ(m.cached_prefix_blocks(prompt_only(k)), 1u) << k;
+  m.check_invariants();
+}
+
+// Note [Promoting DRAM hits]: off, a DRAM hit is used where it rests.
+TEST(KvTiers, PromotionCanBeTurnedOff) {
+  KvConfig c = hbm_homes(4, 8, 0);
+  c.promote_host_hits = false;
+  BlockManager m(c);
+  run_once(m, 1, one_block("A"));
+  run_once(m, 2, one_block("B"));
+  Admission a;
+  ASSERT_EQ(m.submit(3, one_block("A"), &a), SubmitResult::admitted);
+  EXPECT_EQ(a.promoted_host_slots, 0u);
+  EXPECT_EQ(m.slot_tier(m.table(3)[0], 0), Tier::host);
+  m.check_invariants();
+}
+
 // ---------------------------------------------------------------- overcommit and queue
 
 TEST(KvAdmission, OvercommitCapsReferencedKvAtOneAndAHalfHbm) {
@@ -540,8 +688,13 @@ TEST(KvEmergency, AlertAndThrottledSpillToSsd) {
 // invariant holds, the driver's replay of the actions matches the manager's
 // tiers, and at the end every request ran exactly once: none was lost.
 TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
-  for (auto policy : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf}) {
+  int lru_runs = 0;
+  for (auto policy :
+       {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf, EvictionPolicy::lru}) {
     KvConfig c = tiered(12, 24, 30);
+    // The repeated lru runs with every home in HBM: DRAM hits are promoted.
+    const bool hbm_home = policy == EvictionPolicy::lru && ++lru_runs == 2;
+    if (hbm_home) c.home.assign(c.geometry.groups(), Tier::device);
     c.policy = policy;
     c.overcommit = 1.5;
     c.pin_budget_slots = 2;
@@ -659,5 +812,8 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
     EXPECT_GT(m.stats().hit_blocks, 0u);
     EXPECT_GT(m.stats().dropped_blocks + m.stats().demoted_slots[0], 0u);
     EXPECT_EQ(m.referenced_slots(), 0u);
+    if (hbm_home) {
+      EXPECT_GT(m.stats().promoted_host_slots, 0u) << "no DRAM hit was promoted";
+    }
   }
 }

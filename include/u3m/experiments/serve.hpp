@@ -19,7 +19,7 @@
 
 namespace u3m::experiments {
 
-// hbm-only, u3m, u3m-design, u3m-lru, u3m-pgdsf (docs/serving.md "Policies").
+// hbm-only, u3m, u3m-tiered, u3m-dram, u3m-design, u3m-pgdsf (docs/serving.md "Policies").
 const std::vector<std::string>& serve_policy_names();
 
 // How a named policy configures the block manager (Note [Serving policies]).

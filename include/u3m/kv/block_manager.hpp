@@ -75,6 +75,9 @@ struct KvConfig {
   std::uint64_t pin_budget_slots = 0;
   // Note [DRAM emergency]: host use above high raises it, at or below low clears it.
   double emergency_high = 0.95, emergency_low = 0.90;
+  // Note [Promoting DRAM hits]: move a hit's DRAM slots whose home is HBM into
+  // HBM at admission when HBM has a free or evictable slot.
+  bool promote_host_hits = true;
   // Per-request KV for the queue limit before any request was admitted.
   std::uint64_t expected_request_tokens = 2048;
   std::uint64_t min_queue = 1;  // the queue limit never goes below this
@@ -124,6 +127,8 @@ struct Admission {
   std::uint32_t new_blocks = 0;      // full prompt blocks created (now cached)
   std::uint32_t private_blocks = 0;  // the partial last block and decode blocks
   std::uint32_t promoted_slots = 0;  // moved up from SSD for this request
+  // Moved up from DRAM into HBM for this request (Note [Promoting DRAM hits]).
+  std::uint32_t promoted_host_slots = 0;
 };
 
 enum class SubmitResult : std::uint8_t {
@@ -153,7 +158,7 @@ struct KvStats {
   std::uint64_t hit_blocks = 0, hit_tokens = 0, adopted_blocks = 0;
   std::uint64_t hit_blocks_by_tier[kTiers] = {};
   std::uint64_t new_blocks = 0, private_blocks = 0;
-  std::uint64_t promoted_slots = 0;
+  std::uint64_t promoted_slots = 0, promoted_host_slots = 0;
   std::uint64_t demoted_slots[kTiers] = {};  // by the tier they left
   std::uint64_t dropped_blocks = 0;          // cached token blocks forgotten
   std::uint64_t spilled_slots = 0, spilled_bytes = 0;
@@ -254,6 +259,7 @@ class BlockManager {
   TokenBlockId create(std::uint32_t index, bool cached, std::uint64_t key);
   Tier take_slot(std::uint32_t g);  // a free memory slot for group g, evicting if needed
   void place(TokenBlockId tb, std::uint32_t g, Action::Reason why);  // promote from SSD
+  bool promote_host(TokenBlockId tb, std::uint32_t g);               // DRAM -> HBM if HBM has room
   bool make_room(Tier t, std::uint64_t n);
   void evict_slot(const Victim& v, Tier t);
   void move_slot(TokenBlockId tb, std::uint32_t g, Tier to, Action::Reason why);
