@@ -52,6 +52,7 @@ py::dict stats_dict(const TieredStore& s) {
   d["new_blocks"] = k.new_blocks;
   d["private_blocks"] = k.private_blocks;
   d["promoted_slots"] = k.promoted_slots;
+  d["promoted_host_slots"] = k.promoted_host_slots;
   d["demoted_slots"] = std::vector<std::uint64_t>(k.demoted_slots, k.demoted_slots + kTiers);
   d["spilled_slots"] = k.spilled_slots;
   d["alerts"] = k.alerts;
@@ -157,7 +158,8 @@ void bind_kv(py::module_& m) {
       .def_readonly("adopted_blocks", &Admission::adopted_blocks)
       .def_readonly("new_blocks", &Admission::new_blocks)
       .def_readonly("private_blocks", &Admission::private_blocks)
-      .def_readonly("promoted_slots", &Admission::promoted_slots);
+      .def_readonly("promoted_slots", &Admission::promoted_slots)
+      .def_readonly("promoted_host_slots", &Admission::promoted_host_slots);
 
   py::class_<TieredStore>(m, "TieredKvStore",
                           "KV blocks as engine tensors on the real runtime: device-emu HBM, "

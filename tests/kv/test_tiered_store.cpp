@@ -227,9 +227,10 @@ TEST(KvTieredStore, RandomServingReadsEveryByteAsWritten) {
     const TieredStoreStats& ts = d.store.stats();
     EXPECT_GT(s.hit_blocks, 100u);
     EXPECT_GT(d.hit_reads, 100u);
-    EXPECT_GT(s.demoted_slots[0], 50u);  // HBM -> DRAM evictions
-    EXPECT_GT(s.demoted_slots[1], 50u);  // DRAM -> SSD evictions
-    EXPECT_GT(s.promoted_slots, 10u);    // SSD hits brought back
+    EXPECT_GT(s.demoted_slots[0], 50u);    // HBM -> DRAM evictions
+    EXPECT_GT(s.demoted_slots[1], 50u);    // DRAM -> SSD evictions
+    EXPECT_GT(s.promoted_slots, 10u);      // SSD hits brought back
+    EXPECT_GT(s.promoted_host_slots, 0u);  // DRAM hits moved up into HBM
     EXPECT_GT(s.dropped_blocks + s.hit_blocks_by_tier[2], 0u);
     EXPECT_GT(alerts, 0u);
     EXPECT_GT(spilled, 0u);
