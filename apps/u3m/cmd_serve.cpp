@@ -1,6 +1,7 @@
 // u3m serve sim | capacity: the serving experiments of issue 6
 // (docs/serving.md). Every figure is simulated with a named hardware
 // profile, never measured, and says so.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <memory>
@@ -137,6 +138,10 @@ nlohmann::json scenario_json(const experiments::ServeScenario& s) {
           {"rate_scale", s.rate_scale},
           {"slo",
            {{"ttft_ms", slo.ttft_ms},
+            {"ttft_prefill_factor", slo.ttft_prefill_factor},
+            {"ttft_rule",
+             "a request's TTFT SLO is max(ttft_ms, ttft_prefill_factor x its "
+             "unloaded prefill)"},
             {"tpot_ms", slo.tpot_ms},
             {"meets", fmt::format(">= {:g}% of requests meet both", 100 * s.meet_fraction)}}},
           {"unloaded_prefill_ms_first_request",
@@ -206,7 +211,10 @@ nlohmann::json result_json(const experiments::ServeResult& r) {
        {{"hbm", k.hit_blocks_by_tier[0]},
         {"dram", k.hit_blocks_by_tier[1]},
         {"ssd", k.hit_blocks_by_tier[2]}}},
-      {"slo", {{"ttft_ms", r.slo.ttft_ms}, {"tpot_ms", r.slo.tpot_ms}}}};
+      {"slo",
+       {{"ttft_ms", r.slo.ttft_ms},
+        {"ttft_prefill_factor", r.slo.ttft_prefill_factor},
+        {"tpot_ms", r.slo.tpot_ms}}}};
 }
 
 void print_header(const experiments::ServeScenario& s) {
@@ -313,7 +321,8 @@ void run_capacity(const ServeArgs& a) {
       nlohmann::json p = result_json(r.at);
       p["rate_scale"] = r.rate_scale;
       p["rate_rps"] = r.rate_rps;
-      p["goodput_vs_hbm_only"] = base_goodput > 0 ? r.at.goodput_rps / base_goodput : 0.0;
+      p["goodput_vs_hbm_only"] = base_goodput > 0 ? nlohmann::json(r.at.goodput_rps / base_goodput)
+                                                  : nlohmann::json(nullptr);  // no baseline run
       nlohmann::json tried = nlohmann::json::array();
       for (const auto& [scale, met] : r.tried)
         tried.push_back({{"rate_scale", scale}, {"met_fraction", met}});
@@ -327,13 +336,22 @@ void run_capacity(const ServeArgs& a) {
   fmt::print("  capacity: per policy, the highest arrival-rate scale meeting the SLOs\n");
   fmt::print("  {:<11} {:>10} {:>10} {:>11}\n", "policy", "rate scale", "rate/s", "vs hbm-only");
   for (const auto& r : rows) {
-    fmt::print("  {:<11} {:>10.3f} {:>10.3f} {:>10.2f}x\n", r.policy, r.rate_scale, r.rate_rps,
-               base_goodput > 0 ? r.at.goodput_rps / base_goodput : 0.0);
+    if (r.rate_scale <= 0) {
+      fmt::print("  {:<11} {:>10} {:>10} {:>11}\n", r.policy, "none", "-", "-");
+      continue;
+    }
+    const std::string vs =
+        base_goodput > 0 ? fmt::format("{:.2f}x", r.at.goodput_rps / base_goodput) : "n/a";
+    fmt::print("  {:<11} {:>10.3f} {:>10.3f} {:>11}\n", r.policy, r.rate_scale, r.rate_rps, vs);
   }
+  if (std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r.rate_scale <= 0; }))
+    fmt::print("  none: no rate scale tried (down to 1/1024) met the SLOs\n");
   fmt::print("  at each policy's capacity:\n");
   print_row_header();
-  for (const auto& r : rows) print_row(r.policy, r.at);
-  for (const auto& r : rows) print_detail(r.at);
+  for (const auto& r : rows)
+    if (r.rate_scale > 0) print_row(r.policy, r.at);
+  for (const auto& r : rows)
+    if (r.rate_scale > 0) print_detail(r.at);
 }
 
 void add_common(CLI::App* c, ServeArgs& a) {

@@ -35,7 +35,7 @@ namespace u3m::experiments {
 //               [Promoting DRAM hits] in src/kv/block_manager.cpp), so DRAM
 //               is a cache tier over the host link in front of the SSD and,
 //               with overcommit 1, every running request's KV is in HBM: no
-//               decode step streams KV. Measured in docs/serving.md: it does
+//               decode step streams KV. Simulated in docs/serving.md: it does
 //               not beat `u3m` (the SSD write-back has one second of staging
 //               instead of all of DRAM, and DRAM holds little of Mooncake's
 //               reuse), so `u3m` stays the default.
@@ -214,8 +214,10 @@ void ServeScenario::validate() const {
     input_error("--rate-scale", "must be a finite number > 0, got {}", rate_scale);
   if (slo.ttft_ms < 0 || !std::isfinite(slo.ttft_ms))
     input_error("--slo-ttft-ms", "must be a finite number >= 0 (0: default), got {}", slo.ttft_ms);
-  if (!std::isfinite(slo.ttft_prefill_factor))
-    input_error("--slo-ttft-factor", "must be a finite number, got {}", slo.ttft_prefill_factor);
+  if (!std::isfinite(slo.ttft_prefill_factor) ||
+      (slo.ttft_prefill_factor < 0 && slo.ttft_prefill_factor != -1))
+    input_error("--slo-ttft-factor", "must be a finite number >= 0, got {}",
+                slo.ttft_prefill_factor);
   if (slo.tpot_ms < 0 || !std::isfinite(slo.tpot_ms))
     input_error("--slo-tpot-ms", "must be a finite number >= 0 (0: default), got {}", slo.tpot_ms);
   if (block_tokens == 0) input_error("--block-tokens", "must be >= 1");
@@ -255,19 +257,25 @@ double decode_step_seconds(const ServeScenario& s, std::uint64_t context_tokens)
 // the other 18 prefills, so no rate meets a 2 s TTFT. With spread_ties (the
 // default), requests sharing a timestamp are spaced evenly over the gap to
 // the next distinct timestamp, which keeps the trace's rate at every step
-// and only undoes its rounding. The last group has no next timestamp and
-// keeps its time.
+// and only undoes its rounding. The last group has no next timestamp, so it
+// is spread over the trace's mean gap between distinct timestamps (else it
+// would stay a burst that no rate scale removes).
 std::vector<double> spread_arrivals(const std::vector<workload::ServeRequest>& reqs, bool spread) {
   std::vector<double> t(reqs.size());
   for (std::size_t i = 0; i < reqs.size(); ++i) t[i] = reqs[i].timestamp_ms;
-  if (!spread) return t;
+  if (!spread || t.empty()) return t;
+  std::size_t distinct = 1;
+  for (std::size_t i = 1; i < t.size(); ++i)
+    distinct += reqs[i].timestamp_ms != reqs[i - 1].timestamp_ms;
+  const double mean_gap =
+      distinct > 1 ? (reqs.back().timestamp_ms - reqs.front().timestamp_ms) / double(distinct - 1)
+                   : 0.0;
   for (std::size_t i = 0; i < t.size();) {
     std::size_t j = i;
     while (j < t.size() && reqs[j].timestamp_ms == reqs[i].timestamp_ms) ++j;
-    if (j < t.size()) {
-      const double gap = (reqs[j].timestamp_ms - reqs[i].timestamp_ms) / double(j - i);
-      for (std::size_t k = i; k < j; ++k) t[k] = reqs[i].timestamp_ms + gap * double(k - i);
-    }
+    const double span = j < t.size() ? reqs[j].timestamp_ms - reqs[i].timestamp_ms : mean_gap;
+    const double gap = span / double(j - i);
+    for (std::size_t k = i; k < j; ++k) t[k] = reqs[i].timestamp_ms + gap * double(k - i);
     i = j;
   }
   return t;
@@ -669,7 +677,8 @@ ServeResult Simulator::run() {
       continue;
     }
     // HBM-resident KV is read at HBM speed; DRAM-resident KV is streamed.
-    w.hbm_bytes -= w.host_kv_bytes;
+    // Whole DRAM blocks against a per-token count: never below zero.
+    w.hbm_bytes = std::max(0.0, w.hbm_bytes - w.host_kv_bytes);
     const double compute = iteration_compute_s(s_, w);
     double end = now_ + compute;
     if (w.host_kv_bytes > 0) {
