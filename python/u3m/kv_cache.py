@@ -52,11 +52,16 @@ class TieredKVManager:
 
     def __init__(self, cfg: ModelConfig, *, device_budget_bytes: int, host_bytes: int,
                  ssd_bytes: int = 0, block_tokens: int = 16, layers_per_group: int = 1,
-                 policy: str = "lru", dtype: torch.dtype = torch.float32, ssd_dir: str = ""):
+                 policy: str = "lru", dtype: torch.dtype = torch.float32, ssd_dir: str = "",
+                 model_id: str = ""):
         if device_budget_bytes <= 0 or host_bytes <= 0 or ssd_bytes < 0:
             raise ValueError("TieredKVManager: device_budget_bytes and host_bytes must be > 0, "
                              f"ssd_bytes >= 0; got {device_budget_bytes}, {host_bytes}, {ssd_bytes}")
         self.cfg, self.dtype = cfg, dtype
+        # Cached KV is only valid for the weights that computed it: block keys carry the
+        # caller's model_id (e.g. a checkpoint's name or hash) and the dtype, so a manager
+        # reused across models or checkpoints never serves one's KV to another.
+        self.salt = f"{model_id}|{dtype}|"
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         self.row_bytes = cfg.n_kv_heads * cfg.head_dim * self.itemsize  # one token of K (or V)
         self.geometry = _core.KvGeometry(block_tokens=block_tokens, layers=cfg.n_layers,
@@ -86,13 +91,15 @@ class TieredKVManager:
         return self.store.stats()["engine_peak_bytes"][0]
 
 
-def prompt_segments(tokens: Sequence[int], block_tokens: int) -> List[Tuple[str, int]]:
+def prompt_segments(tokens: Sequence[int], block_tokens: int, salt: str = "") -> List[Tuple[str, int]]:
     """A prompt as block-sized segments named by their content, so two prompts that start with
-    the same tokens share those blocks (the manager chains each block's key to its parent's)."""
+    the same tokens share those blocks (the manager chains each block's key to its parent's).
+    `salt` names what else the KV depends on (the model's weights and dtype): prompts hashed
+    with different salts never share blocks."""
     segs = []
     for s in range(0, len(tokens), block_tokens):
         chunk = [int(t) for t in tokens[s : s + block_tokens]]
-        digest = hashlib.blake2b(repr(chunk).encode(), digest_size=12).hexdigest()
+        digest = hashlib.blake2b((salt + repr(chunk)).encode(), digest_size=12).hexdigest()
         segs.append((digest, len(chunk)))
     return segs
 
@@ -107,7 +114,8 @@ class TieredKVCache(KVCache):
     The dense buffers of KVCache (`k`, `v`) do not exist here.
     """
 
-    def __init__(self, manager: TieredKVManager, batch: int, max_len: int, prompts: torch.Tensor):
+    def __init__(self, manager: TieredKVManager, batch: int, max_len: int, prompts: torch.Tensor,
+                 model_id: Optional[str] = None):
         cfg = manager.cfg
         if max_len > cfg.max_seq_len:
             raise ValueError(f"TieredKVCache: max_len {max_len} exceeds the model's max_seq_len {cfg.max_seq_len}")
@@ -117,6 +125,8 @@ class TieredKVCache(KVCache):
         self.bt = manager.geometry.block_tokens
         self.lpg = manager.geometry.layers_per_group
         p = prompts.shape[1]
+        # model_id: the weights this cache's KV comes from, if not the manager's (Note above).
+        salt = manager.salt if model_id is None else f"{model_id}|{manager.dtype}|"
         self.ids: List[int] = []
         self.hit_blocks: List[int] = []
         self.hit_max_abs_diff = 0.0  # stored vs recomputed KV of prefix hits
@@ -124,7 +134,8 @@ class TieredKVCache(KVCache):
         self._queued: List[int] = []  # a row the manager queued (only on the error path)
         for row in prompts.tolist():
             rid = manager.new_request_id()
-            result, adm = manager.store.submit(rid, prompt_segments(row, self.bt), max_len - p)
+            result, adm = manager.store.submit(rid, prompt_segments(row, self.bt, salt),
+                                                  max_len - p)
             if result != "admitted":
                 self._queued = [rid] if result == "queued" else []
                 self.close()

@@ -79,9 +79,16 @@ import torch
 
 from . import _core
 
-# Read leases are read-only buffers; torch.frombuffer warns on each one that
-# torch has no read-only tensors. The offload never writes through them.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
+def _frombuffer(lease, dtype):
+    """torch.frombuffer over a lease. A read lease is a read-only buffer and torch, which has no
+    read-only tensors, warns about it; the offload never writes through one, so the warning is
+    silenced here only, not for the user's own code."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable",
+                                category=UserWarning)
+        return torch.frombuffer(lease, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +410,7 @@ class Offload:
 
     @staticmethod
     def _view(lease: "_core.Lease", like: torch.Tensor) -> torch.Tensor:
-        return torch.frombuffer(lease, dtype=like.dtype).view(like.shape)
+        return _frombuffer(lease, like.dtype).view(like.shape)
 
     # ---------------------------------------------------------------- forward
     def _make_pre(self, own: List[_Param]):
@@ -457,7 +464,7 @@ class Offload:
         self._register(tid, nbytes)
         lease = self._acquire(tid, "write")
         flat = t.detach().as_strided((span,), (1,), t.storage_offset())  # no autograd for the copy
-        torch.frombuffer(lease, dtype=t.dtype).copy_(flat)
+        _frombuffer(lease, t.dtype).copy_(flat)
         self.rt.release(lease)
         self.saved_bytes += nbytes
         return _Saved(self, tid, t, span)
@@ -475,7 +482,7 @@ class Offload:
             return out
         lease = self._acquire(packed.id, "read")
         out = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype)
-        out.as_strided((packed.span,), (1,), 0).copy_(torch.frombuffer(lease, dtype=packed.dtype))
+        out.as_strided((packed.span,), (1,), 0).copy_(_frombuffer(lease, packed.dtype))
         self.rt.release(lease)
         return out
 

@@ -114,8 +114,14 @@ RealStack::RealStack(RealStackOptions o)
     so.path = dir + "/u3m-kv.ssd";
     so.capacity = o.ssd_bytes;
     std::string why;
-    if (!mem::ok(mem::SsdStore::open(so, ssd_, &why)))
+    if (!mem::ok(mem::SsdStore::open(so, ssd_, &why))) {
+      // The destructor will not run: remove the scratch directory here.
+      if (!scratch_.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(scratch_, ec);
+      }
       input_error(dir, "cannot open the SSD tier there: {}", why);
+    }
   }
   transport_ = std::make_unique<engine::BackendTransport>(device_, ssd_.get());
   engine::EngineConfig c = o.engine;

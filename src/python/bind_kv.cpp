@@ -195,7 +195,8 @@ void bind_kv(py::module_& m) {
           [](TieredStore& s, RequestId id, std::uint32_t block, std::uint32_t group,
              std::uint64_t offset, const py::buffer& data) {
             Bytes b = bytes_of(data, false, "TieredKvStore.write");
-            py::gil_scoped_release nogil;
+            // The GIL stays held: TieredStore is single-threaded, and holding
+            // it serialises Python threads that share a store.
             s.write(id, block, group, offset, b.info.ptr, b.len);
           },
           py::arg("id"), py::arg("block"), py::arg("group"), py::arg("offset"), py::arg("data"))
@@ -204,7 +205,6 @@ void bind_kv(py::module_& m) {
           [](TieredStore& s, RequestId id, std::uint32_t block, std::uint32_t group,
              std::uint64_t offset, const py::buffer& out) {
             Bytes b = bytes_of(out, true, "TieredKvStore.read_into");
-            py::gil_scoped_release nogil;
             s.read(id, block, group, offset, b.info.ptr, b.len);
           },
           py::arg("id"), py::arg("block"), py::arg("group"), py::arg("offset"), py::arg("out"))

@@ -75,6 +75,18 @@ class TieredKVCacheTest(unittest.TestCase):
             self.assertTrue(torch.equal(got_k[0, 16], other[0, 16]))
             self.assertGreater(second.hit_max_abs_diff, 0.0)  # we fed different values on purpose
 
+    def test_model_id_keeps_one_models_kv_from_another(self):
+        m, _ = manager()
+        prompts = torch.arange(17).reshape(1, 17) % 256
+        with TieredKVCache(m, 1, 20, prompts, model_id="ckpt-a") as a:
+            self.assertEqual(a.hit_blocks, [0])
+        # Same tokens, other weights: nothing is shared.
+        with TieredKVCache(m, 1, 20, prompts, model_id="ckpt-b") as b:
+            self.assertEqual(b.hit_blocks, [0])
+        # Same tokens, same weights: both full blocks hit.
+        with TieredKVCache(m, 1, 20, prompts, model_id="ckpt-a") as again:
+            self.assertEqual(again.hit_blocks, [2])
+
     def test_generation_through_dram_and_ssd_matches_untiered(self):
         """A DRAM tier too small for the cached prompts pushes them to the SSD tier; a repeated
         batch promotes them on its prefix hit. Tokens equal the untiered run's."""
