@@ -139,9 +139,10 @@ class CaptureTest(unittest.TestCase):
             self.assertEqual(back.stats()["events"], tr.num_events)
         # The trace feeds the C++ predictors.
         res = u3m.evaluate_predictor(tr, "u3m-seq", horizons=[8, 64])
-        self.assertGreaterEqual(res["precision"], 0.0)
-        self.assertLessEqual(res["precision"], 1.0)
         self.assertEqual(res["predictor"], "u3m-seq")
+        # Training steps repeat exactly, so after the warm-up iteration the sequence
+        # predictor must do far better than chance on a captured trace.
+        self.assertGreater(res["precision"], 0.5, res)
 
 
 class BindingsTest(unittest.TestCase):
