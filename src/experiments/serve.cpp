@@ -222,12 +222,12 @@ void ServeScenario::validate() const {
     input_error("--slo-tpot-ms", "must be a finite number >= 0 (0: default), got {}", slo.tpot_ms);
   if (block_tokens == 0) input_error("--block-tokens", "must be >= 1");
   if (max_batch_tokens == 0) input_error("--max-batch-tokens", "must be >= 1");
-  if (max_running == 0) input_error("--max-running", "must be >= 1");
+  if (max_running == 0) input_error("max_running", "must be >= 1");
   if (!(hbm_utilization > 0 && hbm_utilization <= 1))
-    input_error("--hbm-utilization", "must be in (0, 1], got {}", hbm_utilization);
+    input_error("hbm_utilization", "must be in (0, 1], got {}", hbm_utilization);
   if (!(dram_kv_fraction > 0 && dram_kv_fraction <= 1))
-    input_error("--dram-kv-fraction", "must be in (0, 1], got {}", dram_kv_fraction);
-  if (!(spill_rate > 0)) input_error("--spill-rate", "must be > 0");
+    input_error("dram_kv_fraction", "must be in (0, 1], got {}", dram_kv_fraction);
+  if (!(spill_rate > 0)) input_error("spill_rate", "must be > 0");
   if (!(meet_fraction > 0 && meet_fraction <= 1))
     input_error("--meet-fraction", "must be in (0, 1], got {}", meet_fraction);
   if (requests.empty()) input_error("--requests", "no requests");
