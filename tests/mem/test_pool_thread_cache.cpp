@@ -3,6 +3,7 @@
 // growth, out of memory and empty_cache(), thread exit, and destruction of a
 // pool while other threads still hold caches for it. Runs under ASan+UBSan
 // and TSan with the rest of test_pool.
+#include <chrono>
 #include <atomic>
 #include <deque>
 #include <latch>
@@ -316,6 +317,13 @@ TEST(ThreadCacheTest, HandOffStressWithConcurrentDrains) {
   for (int p = 0; p < 2; ++p) {
     threads.emplace_back([&, p] {
       for (int i = 0; i < kPerProducer; ++i) {
+        // Halfway, wait (bounded) until the drainer has emptied a live thread's
+        // cache at least once: on 2 busy cores the whole run can otherwise end
+        // before the drainer is scheduled, and no drain races anything.
+        for (int w = 0; i == kPerProducer / 2 && w < 10000; ++w) {
+          if (pool.stats().thread_cache_drains > 0) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
         PoolAllocation a;
         if (!ok(pool.allocate(512 * (1 + (i + p) % 8), &a))) {
           ++failures;
