@@ -36,16 +36,9 @@ struct TrainArgs {
   bool json = false;
 };
 
-workload::ModelShape find_model(const std::string& name) {
-  for (const workload::ModelShape& m : experiments::llama_family()) {
-    if (m.name == name) return m;
-  }
-  return workload::preset(name);  // throws InputError listing the presets
-}
-
 experiments::TrainScenario scenario(const TrainArgs& a) {
   experiments::TrainScenario s;
-  s.shape = find_model(a.model);
+  s.shape = experiments::find_model(a.model);
   s.hw = sim::load_profile(a.hw);
   s.cards = a.cards;
   s.steps = a.steps;

@@ -433,6 +433,12 @@ std::vector<workload::ModelShape> llama_family() {
   return out;
 }
 
+workload::ModelShape find_model(const std::string& name) {
+  for (const workload::ModelShape& m : llama_family())
+    if (m.name == name) return m;
+  return workload::preset(name);
+}
+
 std::vector<CapacityRow> training_capacity(
     const TrainScenario& base, const std::vector<std::string>& policies, double max_loss,
     const std::function<void(const std::string&)>& progress) {

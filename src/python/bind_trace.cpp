@@ -62,12 +62,6 @@ nlohmann::json stats_of(const trace::Trace& t) {
   return s.to_json();
 }
 
-workload::ModelShape find_model(const std::string& name) {
-  for (const workload::ModelShape& m : experiments::llama_family())
-    if (m.name == name) return m;
-  return workload::preset(name);  // throws InputError listing the presets
-}
-
 py::dict train_result_dict(const experiments::TrainScenario& s, const experiments::TrainResult& r) {
   py::dict d;
   d["label"] = "simulated with profile " + s.hw.name + " (" + s.hw.origin + "), model " +
@@ -215,7 +209,7 @@ void bind_trace(py::module_& m) {
          std::uint32_t micro_batch_size, std::uint32_t micro_batches, bool mixed_precision,
          bool recompute, std::uint32_t lora_rank) {
         experiments::TrainScenario s;
-        s.shape = find_model(model);
+        s.shape = experiments::find_model(model);
         s.hw = sim::load_profile(hw);
         s.policy = policy;
         s.cards = cards;

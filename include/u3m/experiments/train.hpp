@@ -79,6 +79,9 @@ FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f);
 // The llama family for the sweep: shapes from ~1B to ~70B parameters, in
 // order of size (heads of 128, SwiGLU ffn = 8/3 d rounded to 256, GQA 8).
 std::vector<workload::ModelShape> llama_family();
+// A family shape by name (llama-1b .. llama-70b), else a workload preset;
+// InputError listing the presets when neither.
+workload::ModelShape find_model(const std::string& name);
 
 struct CapacityRow {
   std::string policy;
