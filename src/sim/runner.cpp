@@ -100,6 +100,9 @@ class Simulation final : public PrefetchContext {
   void prefetch(std::uint32_t t) override {
     if (registered_[t] && has_data_[t] && !removing_[t]) eng_.prefetch(id(t), Tier::device);
   }
+  void demote(std::uint32_t t, Tier from) override {
+    if (registered_[t] && has_data_[t] && !removing_[t]) eng_.evict(id(t), from);
+  }
 
   // A step that only creates tensors, with a home for each: created one at a
   // time where they rest (SimOptions::home_tier). Returns "" or why not.

@@ -52,6 +52,9 @@ class PrefetchContext {
   // Asks the engine to bring the tensor's data to the device at prefetch
   // priority; no-op for a tensor that holds no data now (never written or freed).
   virtual void prefetch(std::uint32_t tensor) = 0;
+  // Asks the engine to move the tensor's data out of `from` (to the next
+  // tier down, at write-back priority); no-op for a tensor that holds no data.
+  virtual void demote(std::uint32_t tensor, engine::Tier from) = 0;
 };
 // Called once step `step` holds its tensors (Note [Simulation loop]).
 using PrefetchHook = std::function<void(std::size_t step, PrefetchContext&)>;
