@@ -13,11 +13,9 @@
 #include <fmt/format.h>
 #include <sys/prctl.h>
 
+#include "u3m/engine/real_stack.hpp"
 #include "u3m/engine/steps.hpp"
-#include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
-#include "u3m/mem/host.hpp"
-#include "u3m/mem/ssd_store.hpp"
 #include "u3m/util/error.hpp"
 
 namespace u3m::engine {
@@ -228,29 +226,17 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
 
   // The real stack: emulated HBM behind the pool, pinned host, SSD store.
   const TimerSlack slack(timed(o));  // before any thread starts: Note [Timer slack]
-  const mem::DeviceEmuOptions dopt = device_options(o, 2 * rep.device_budget);
-  mem::DeviceEmuBackend device(dopt);
-  mem::BackendSegmentSource source(device);
-  mem::PoolConfig pc;
-  pc.capacity = dopt.capacity;
-  pc.expandable_segments = o.expandable_segments && source.supports_vmm();
-  mem::DevicePool pool(source, pc);
-  mem::HostBackend host(mem::HostOptions{});
-  std::unique_ptr<mem::SsdStore> ssd;
-  if (!o.ssd_dir.empty()) {
-    mem::SsdStoreOptions so;
-    so.path = o.ssd_dir + "/u3m-replay.ssd";
-    so.capacity = rep.ssd_capacity;
-    std::string why;
-    if (!mem::ok(mem::SsdStore::open(so, ssd, &why)))
-      input_error(o.ssd_dir, "cannot open the SSD tier there: {}", why);
-  }
-  BackendTransport transport(device, ssd.get());
-  SteadyClock clock;
-  EngineConfig cfg;
-  cfg.device.capacity = rep.device_budget;
-  cfg.host.capacity = rep.host_budget;
-  Engine engine(cfg, pool, host, transport, clock);
+  RealStackOptions so;
+  so.device_bytes = rep.device_budget;
+  so.host_bytes = rep.host_budget;
+  so.ssd_bytes = rep.ssd_capacity;
+  so.ssd_dir = o.ssd_dir;
+  so.ssd_file = "u3m-replay.ssd";
+  so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
+  so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
+  so.expandable_segments = o.expandable_segments;
+  RealStack stack(so);
+  Engine& engine = stack.engine();
 
   std::vector<std::uint64_t> version(trace.tensors.size(), 0);  // 0 = never written
   std::vector<std::uint8_t> registered(trace.tensors.size(), 0);
@@ -394,7 +380,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   rep.engine = engine.stats();
   rep.device = engine.monitor(Tier::device);
   rep.host = engine.monitor(Tier::host);
-  rep.pool = pool.stats();
+  rep.pool = stack.pool().stats();
   return rep;
 }
 

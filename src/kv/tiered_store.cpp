@@ -1,8 +1,6 @@
 #include "u3m/kv/tiered_store.hpp"
 
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <stdexcept>
 
@@ -12,15 +10,6 @@
 
 namespace u3m::kv {
 
-// Note [Real stack]
-// The engine runs on the same real pieces as `u3m run replay` (src/engine/replay.cpp) and the
-// engine tests (tests/engine/rig.hpp): a device-emu arena behind a DevicePool over a
-// BackendSegmentSource, HostBackend, an SsdStore, BackendTransport and SteadyClock. Neither
-// of those is reusable from here (replay builds its stack inline in one function, the rig
-// lives in the tests and needs GoogleTest), so RealStack assembles it once for library code.
-// The device arena is twice the engine's device capacity plus 8 MiB, as in the rig: the pool
-// rounds small blocks up into 2 MiB segments, and the engine, not the arena, is the budget.
-//
 // Note [Capacities agree]
 // The engine's device capacity is exactly the manager's device slots times slot_bytes, its
 // host capacity the manager's host slots plus one, and its victim score is +inf for every
@@ -68,20 +57,6 @@ void check(mem::Status s, std::string_view what, engine::TensorId id) {
         fmt::format("kv store: {} of block {} failed: {}", what, id, mem::to_string(s)));
 }
 
-std::string make_scratch_dir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/u3m-kv-XXXXXX";
-  if (!mkdtemp(tmpl.data()))
-    input_error(tmpl, "cannot create a scratch directory for the SSD tier");
-  return tmpl;
-}
-
-mem::DeviceEmuOptions emu_options(const RealStackOptions& o) {
-  mem::DeviceEmuOptions d;
-  d.capacity = 2 * o.device_bytes + 8 * mem::MiB;  // Note [Real stack]
-  return d;
-}
-
 Tier other_memory(Tier t) {
   return t == Tier::device ? Tier::host : Tier::device;
 }
@@ -91,64 +66,17 @@ int idx(Tier t) {
 
 }  // namespace
 
-// ---------------------------------------------------------------- RealStack
-
-RealStack::RealStack(RealStackOptions o)
-    : device_(emu_options(o)),
-      source_(device_),
-      pool_(source_,
-            [&] {
-              mem::PoolConfig pc;
-              pc.capacity = 2 * o.device_bytes + 8 * mem::MiB;
-              pc.expandable_segments = source_.supports_vmm();
-              return pc;
-            }()),
-      host_(mem::HostOptions{}) {
-  if (o.device_bytes == 0 || o.host_bytes == 0)
-    input_error("real stack", "device and host capacities must be > 0, got {} and {}",
-                o.device_bytes, o.host_bytes);
-  if (o.ssd_bytes) {
-    std::string dir = o.ssd_dir;
-    if (dir.empty()) dir = scratch_ = make_scratch_dir();
-    mem::SsdStoreOptions so;
-    so.path = dir + "/u3m-kv.ssd";
-    so.capacity = o.ssd_bytes;
-    std::string why;
-    if (!mem::ok(mem::SsdStore::open(so, ssd_, &why))) {
-      // The destructor will not run: remove the scratch directory here.
-      if (!scratch_.empty()) {
-        std::error_code ec;
-        std::filesystem::remove_all(scratch_, ec);
-      }
-      input_error(dir, "cannot open the SSD tier there: {}", why);
-    }
-  }
-  transport_ = std::make_unique<engine::BackendTransport>(device_, ssd_.get());
-  engine::EngineConfig c = o.engine;
-  c.device.capacity = o.device_bytes;
-  c.host.capacity = o.host_bytes;
-  engine_ = std::make_unique<engine::Engine>(c, pool_, host_, *transport_, clock_);
-}
-
-RealStack::~RealStack() {
-  engine_.reset();  // before the transport and the backends it uses
-  transport_.reset();
-  ssd_.reset();
-  if (!scratch_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(scratch_, ec);
-  }
-}
-
 // ---------------------------------------------------------------- TieredStore
 
-RealStackOptions TieredStore::stack_options(const KvConfig& c, const TieredStoreOptions& o) {
+engine::RealStackOptions TieredStore::stack_options(const KvConfig& c,
+                                                    const TieredStoreOptions& o) {
   if (c.capacity_slots[idx(Tier::host)] == 0)
     input_error("kv store",
                 "capacity_slots[host] must be > 0: the engine stages SSD moves "
                 "through host memory");
   const std::uint64_t slot = c.geometry.slot_bytes();
-  RealStackOptions r;
+  engine::RealStackOptions r;
+  r.ssd_file = "u3m-kv.ssd";
   r.device_bytes = c.capacity_slots[idx(Tier::device)] * slot;  // Note [Capacities agree]
   // One more host slot: a promotion from SSD to HBM passes through host (Note [Capacities agree]).
   r.host_bytes = (c.capacity_slots[idx(Tier::host)] + 1) * slot;

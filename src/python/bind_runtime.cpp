@@ -9,11 +9,7 @@
 
 #include "bindings.hpp"
 #include "u3m/engine/engine.hpp"
-#include "u3m/engine/transport.hpp"
-#include "u3m/mem/backend_source.hpp"
-#include "u3m/mem/device_emu.hpp"
-#include "u3m/mem/host.hpp"
-#include "u3m/mem/ssd_store.hpp"
+#include "u3m/engine/real_stack.hpp"
 #include "u3m/util/error.hpp"
 
 namespace py = pybind11;
@@ -33,28 +29,6 @@ struct RuntimeOptions {
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
 };
 
-mem::DeviceEmuOptions device_options(const RuntimeOptions& o) {
-  mem::DeviceEmuOptions d;
-  // Twice the budget plus slack: the pool rounds small tensors into 2 MiB
-  // segments, and the budget is the engine's (tensor bytes), not the arena's.
-  d.capacity = 2 * o.device_budget + 64 * mem::MiB;
-  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_gbps * 1e9;
-  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_gbps * 1e9;
-  return d;
-}
-
-std::unique_ptr<mem::SsdStore> open_ssd(const RuntimeOptions& o) {
-  if (o.ssd_dir.empty()) return nullptr;
-  mem::SsdStoreOptions so;
-  so.path = o.ssd_dir + "/u3m-python.ssd";
-  so.capacity = o.ssd_capacity;
-  std::unique_ptr<mem::SsdStore> ssd;
-  std::string why;
-  if (!mem::ok(mem::SsdStore::open(so, ssd, &why)))
-    input_error(o.ssd_dir, "cannot open the SSD tier there: {}", why);
-  return ssd;
-}
-
 const RuntimeOptions& validated(const RuntimeOptions& o) {
   if (o.device_budget == 0) input_error("Runtime", "device_budget must be > 0 bytes");
   if (o.host_budget == 0) input_error("Runtime", "host_budget must be > 0 bytes");
@@ -66,48 +40,30 @@ const RuntimeOptions& validated(const RuntimeOptions& o) {
   return o;
 }
 
-// The whole stack, owned together; members are built in declaration order
-// and torn down in reverse (the engine first: it waits for its transfers).
+engine::RealStackOptions stack_options(const RuntimeOptions& o) {
+  engine::RealStackOptions so;
+  so.device_bytes = o.device_budget;
+  so.host_bytes = o.host_budget;
+  so.ssd_dir = o.ssd_dir;
+  so.ssd_bytes = o.ssd_dir.empty() ? 0 : o.ssd_capacity;
+  so.ssd_file = "u3m-python.ssd";
+  so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
+  so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
+  return so;
+}
+
+// The whole stack (engine::RealStack) and the options it was made with.
 class Runtime {
  public:
-  explicit Runtime(const RuntimeOptions& o)
-      : opt_(validated(o)),
-        device_(device_options(o)),
-        source_(device_),
-        pool_(source_, pool_config(o)),
-        host_(mem::HostOptions{}),
-        ssd_(open_ssd(o)),
-        transport_(device_, ssd_.get()),
-        engine_(engine_config(o), pool_, host_, transport_, clock_) {}
+  explicit Runtime(const RuntimeOptions& o) : opt_(validated(o)), stack_(stack_options(opt_)) {}
 
-  engine::Engine& engine() { return engine_; }
+  engine::Engine& engine() { return stack_.engine(); }
   const RuntimeOptions& options() const { return opt_; }
-  bool has_ssd() const { return ssd_ != nullptr; }
+  bool has_ssd() const { return stack_.has_ssd(); }
 
  private:
-  mem::PoolConfig pool_config(const RuntimeOptions& o) {
-    mem::PoolConfig pc;
-    pc.capacity = device_options(o).capacity;
-    pc.expandable_segments = source_.supports_vmm();
-    return pc;
-  }
-  static engine::EngineConfig engine_config(const RuntimeOptions& o) {
-    engine::EngineConfig c;
-    c.device.capacity = o.device_budget;
-    c.host.capacity = o.host_budget;
-    c.validate();
-    return c;
-  }
-
   RuntimeOptions opt_;
-  mem::DeviceEmuBackend device_;
-  mem::BackendSegmentSource source_;
-  mem::DevicePool pool_;
-  mem::HostBackend host_;
-  std::unique_ptr<mem::SsdStore> ssd_;
-  engine::BackendTransport transport_;
-  engine::SteadyClock clock_;
-  engine::Engine engine_;
+  engine::RealStack stack_;
 };
 
 // A lease as Python holds it. It keeps the runtime alive, so a buffer (and a

@@ -13,52 +13,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "u3m/engine/clock.hpp"
 #include "u3m/engine/engine.hpp"
-#include "u3m/engine/transport.hpp"
+#include "u3m/engine/real_stack.hpp"
 #include "u3m/kv/block_manager.hpp"
-#include "u3m/mem/backend_source.hpp"
-#include "u3m/mem/device_emu.hpp"
-#include "u3m/mem/host.hpp"
-#include "u3m/mem/pool.hpp"
 #include "u3m/mem/ssd_store.hpp"
 
 namespace u3m::kv {
-
-// The real runtime on this machine: emulated HBM (device-emu arena behind a DevicePool),
-// pinned host DRAM, an SSD store in a scratch directory, BackendTransport, wall clock.
-// Note [Real stack]: the same assembly as src/engine/replay.cpp and tests/engine/rig.hpp.
-struct RealStackOptions {
-  std::uint64_t device_bytes = 0;  // engine device capacity, > 0
-  std::uint64_t host_bytes = 0;    // engine host capacity, > 0
-  std::uint64_t ssd_bytes = 0;     // SSD store capacity; 0 = no SSD tier
-  // Where the SSD store's file goes; empty = a fresh directory under $TMPDIR (or /tmp),
-  // removed with the stack.
-  std::string ssd_dir;
-  engine::EngineConfig engine{};  // capacities are overwritten by the fields above
-};
-
-class RealStack {
- public:
-  explicit RealStack(RealStackOptions o);  // InputError if the SSD tier cannot be opened
-  ~RealStack();
-  RealStack(const RealStack&) = delete;
-  RealStack& operator=(const RealStack&) = delete;
-  engine::Engine& engine() { return *engine_; }
-  const engine::Engine& engine() const { return *engine_; }
-  bool has_ssd() const { return ssd_ != nullptr; }
-
- private:
-  std::string scratch_;  // the directory we created (removed at the end), or empty
-  mem::DeviceEmuBackend device_;
-  mem::BackendSegmentSource source_;
-  mem::DevicePool pool_;
-  mem::HostBackend host_;
-  std::unique_ptr<mem::SsdStore> ssd_;
-  std::unique_ptr<engine::BackendTransport> transport_;
-  engine::SteadyClock clock_;
-  std::unique_ptr<engine::Engine> engine_;
-};
 
 struct TieredStoreStats {
   std::uint64_t allocated = 0, moved = 0, freed = 0;  // actions carried out
@@ -69,7 +29,7 @@ struct TieredStoreStats {
 };
 
 struct TieredStoreOptions {
-  std::string ssd_dir;  // see RealStackOptions::ssd_dir
+  std::string ssd_dir;  // see engine::RealStackOptions::ssd_dir
   // After every batch of actions, check that the engine holds each live block in exactly
   // the tier the manager says (check_agreement). For tests: it walks every live block.
   bool check_every_step = false;
@@ -114,7 +74,7 @@ class TieredStore {
   std::size_t live_blocks() const { return live_.size(); }
 
  private:
-  static RealStackOptions stack_options(const KvConfig& c, const TieredStoreOptions& o);
+  static engine::RealStackOptions stack_options(const KvConfig& c, const TieredStoreOptions& o);
   void apply();  // carries out bm_.take_actions() in order
   void apply(const Action& a);
   void move_to_memory(engine::TensorId id, Tier to);
@@ -124,7 +84,7 @@ class TieredStore {
 
   BlockManager bm_;
   std::uint64_t slot_bytes_;
-  RealStack stack_;
+  engine::RealStack stack_;
   TieredStoreOptions opt_;
   std::unordered_map<engine::TensorId, Tier> live_;  // every allocated block, by the actions
   TieredStoreStats st_;

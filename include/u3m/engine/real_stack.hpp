@@ -1,0 +1,68 @@
+// The real runtime on this machine, assembled once: emulated HBM (a
+// device-emu arena behind a DevicePool), pinned host DRAM, an optional SSD
+// store, BackendTransport and the wall clock, under one Engine. `u3m run
+// replay`, the tiered KV store and the Python Runtime all run on it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "u3m/engine/clock.hpp"
+#include "u3m/engine/engine.hpp"
+#include "u3m/engine/transport.hpp"
+#include "u3m/mem/backend_source.hpp"
+#include "u3m/mem/device_emu.hpp"
+#include "u3m/mem/host.hpp"
+#include "u3m/mem/pool.hpp"
+#include "u3m/mem/ssd_store.hpp"
+
+namespace u3m::engine {
+
+struct RealStackOptions {
+  std::uint64_t device_bytes = 0;  // the engine's device capacity, > 0
+  std::uint64_t host_bytes = 0;    // the engine's host capacity, > 0
+  std::uint64_t ssd_bytes = 0;     // SSD store capacity; 0 = no SSD tier
+  // Where the SSD store's file goes; empty = a fresh directory under $TMPDIR
+  // (or /tmp), removed with the stack.
+  std::string ssd_dir;
+  std::string ssd_file = "u3m.ssd";  // the store's file name in ssd_dir
+  // Emulated link throttle per direction, bytes/s; 0 = memcpy speed.
+  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
+  bool expandable_segments = true;  // when the arena supports them
+  EngineConfig engine{};            // device and host capacities come from the fields above
+};
+
+// Note [Real stack]
+// The device arena is twice the engine's device capacity plus 64 MiB: the
+// pool rounds small tensors up into 2 MiB segments, and the engine, not the
+// arena, is the budget (it counts tensor bytes). Members are built in
+// declaration order and torn down in reverse, the engine first: it waits for
+// its transfers, which use the backends.
+class RealStack {
+ public:
+  // InputError for capacities of 0 or an SSD tier that cannot be opened.
+  explicit RealStack(const RealStackOptions& o);
+  ~RealStack();
+  RealStack(const RealStack&) = delete;
+  RealStack& operator=(const RealStack&) = delete;
+
+  Engine& engine() { return *engine_; }
+  const Engine& engine() const { return *engine_; }
+  const mem::DevicePool& pool() const { return pool_; }
+  bool has_ssd() const { return ssd_ != nullptr; }
+  std::uint64_t arena_bytes() const;
+
+ private:
+  std::string scratch_;  // the directory we created (removed at the end), or empty
+  mem::DeviceEmuBackend device_;
+  mem::BackendSegmentSource source_;
+  mem::DevicePool pool_;
+  mem::HostBackend host_;
+  std::unique_ptr<mem::SsdStore> ssd_;
+  std::unique_ptr<BackendTransport> transport_;
+  SteadyClock clock_;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace u3m::engine

@@ -1,0 +1,89 @@
+#include "u3m/engine/real_stack.hpp"
+
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "u3m/util/error.hpp"
+
+namespace u3m::engine {
+namespace {
+
+std::uint64_t arena_for(const RealStackOptions& o) {
+  return 2 * o.device_bytes + 64 * mem::MiB;  // Note [Real stack]
+}
+
+mem::DeviceEmuOptions emu_options(const RealStackOptions& o) {
+  if (o.device_bytes == 0 || o.host_bytes == 0)
+    input_error("real stack", "device and host capacities must be > 0 bytes, got {} and {}",
+                o.device_bytes, o.host_bytes);
+  if (!(o.h2d_bytes_per_s >= 0) || !(o.d2h_bytes_per_s >= 0))
+    input_error("real stack", "link throttles must be >= 0 bytes/s, got {} and {}",
+                o.h2d_bytes_per_s, o.d2h_bytes_per_s);
+  mem::DeviceEmuOptions d;
+  d.capacity = arena_for(o);
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_bytes_per_s;
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_bytes_per_s;
+  return d;
+}
+
+std::string make_scratch_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/u3m-ssd-XXXXXX";
+  if (!mkdtemp(tmpl.data()))
+    input_error(tmpl, "cannot create a scratch directory for the SSD tier");
+  return tmpl;
+}
+
+void remove_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+
+RealStack::RealStack(const RealStackOptions& o)
+    : device_(emu_options(o)),
+      source_(device_),
+      pool_(source_,
+            [&] {
+              mem::PoolConfig pc;
+              pc.capacity = arena_for(o);
+              pc.expandable_segments = o.expandable_segments && source_.supports_vmm();
+              return pc;
+            }()),
+      host_(mem::HostOptions{}) {
+  EngineConfig c = o.engine;
+  c.device.capacity = o.device_bytes;
+  c.host.capacity = o.host_bytes;
+  c.validate();
+  if (o.ssd_bytes) {
+    std::string dir = o.ssd_dir;
+    if (dir.empty()) dir = scratch_ = make_scratch_dir();
+    mem::SsdStoreOptions so;
+    so.path = dir + "/" + o.ssd_file;
+    so.capacity = o.ssd_bytes;
+    std::string why;
+    if (!mem::ok(mem::SsdStore::open(so, ssd_, &why))) {
+      remove_dir(scratch_);  // the destructor will not run
+      input_error(dir, "cannot open the SSD tier there: {}", why);
+    }
+  }
+  transport_ = std::make_unique<BackendTransport>(device_, ssd_.get());
+  engine_ = std::make_unique<Engine>(c, pool_, host_, *transport_, clock_);
+}
+
+RealStack::~RealStack() {
+  engine_.reset();  // Note [Real stack]
+  transport_.reset();
+  ssd_.reset();
+  remove_dir(scratch_);
+}
+
+std::uint64_t RealStack::arena_bytes() const {
+  return pool_.config().capacity;
+}
+
+}  // namespace u3m::engine
