@@ -463,6 +463,23 @@ int lock_a_few(const void*, std::size_t) {
   return -1;
 }
 
+TEST(Host, BuffersOfTwoMiBOrMoreAreHugePageAligned) {
+  // Note [Huge-page host buffers]: alignment is ours to give; whether the
+  // kernel backs them with huge pages is not, so only alignment is checked.
+  HostBackend h(HostOptions{.capacity = 64 * MiB, .pin = false});
+  for (std::uint64_t bytes : {2 * MiB, 3 * MiB + 5, 16 * MiB}) {
+    void* p = nullptr;
+    ASSERT_TRUE(ok(h.allocate(bytes, &p))) << bytes;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % (2 * MiB), 0u) << bytes;
+    std::memset(p, 0x3c, bytes);  // the whole range is mapped, and only it is ours
+    EXPECT_EQ(static_cast<unsigned char*>(p)[bytes - 1], 0x3c);
+    ASSERT_TRUE(ok(h.free(p)));
+  }
+  std::uint64_t free_bytes = 0, total = 0;
+  ASSERT_TRUE(ok(h.mem_info(&free_bytes, &total)));
+  EXPECT_EQ(free_bytes, total);
+}
+
 TEST(Host, FallsBackToPageableWhenLockingIsRefused) {
   HostBackend host({.capacity = 1 * MiB, .lock = refuse_lock});
   EXPECT_FALSE(host.capabilities().pinned) << "the probe at start must see the refusal";

@@ -38,6 +38,10 @@ TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithPairedReference) {
   EXPECT_NE(j.at("machine").get<std::string>().find("cores"), std::string::npos);
   EXPECT_NE(j.at("method").get<std::string>().find("same queue depth"), std::string::npos);
   EXPECT_EQ(j.at("checksum_failures").get<int>(), 0);
+  // Both sides' I/O buffers are huge-page backed by default (Note [Huge-page
+  // buffers] in cmd_bench_ssd.cpp), and the report says so.
+  EXPECT_TRUE(j.at("huge_page_buffers").get<bool>());
+  EXPECT_NE(j.at("method").get<std::string>().find("transparent huge pages"), std::string::npos);
   EXPECT_EQ(j.at("direct_io").get<bool>(), u3m::mem::testing::dir_supports_direct_io(dir));
   const auto& res = j.at("results");
   ASSERT_EQ(res.size(), 4u);  // write and read for each of the two sizes
@@ -98,6 +102,20 @@ TEST(BenchSsdCli, JsonWithoutFioHasNullReference) {
     EXPECT_GT(res.at("bandwidth_gbps").get<double>(), 0);
     EXPECT_TRUE(res.at("ratio").is_null());
   }
+}
+
+TEST(BenchSsdCli, NoThpUsesSmallPagesAndSaysSo) {
+  u3m::mem::testing::ScratchDir dir;
+  CliRun r =
+      u3m("bench ssd --json --no-fio --no-thp --sizes 64K --rounds 1 --seconds 0.05 --region-mb 1 "
+          "--dir " +
+          dir.path());
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_FALSE(j.at("huge_page_buffers").get<bool>());
+  EXPECT_NE(j.at("method").get<std::string>().find("4 KiB pages (--no-thp) on both sides"),
+            std::string::npos);
+  EXPECT_EQ(j.at("checksum_failures").get<int>(), 0);
 }
 
 TEST(BenchSsdCli, BadSizeIsAClearError) {

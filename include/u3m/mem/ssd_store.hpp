@@ -17,6 +17,13 @@
 //
 // The index lives in memory only: the file is scratch space for one process
 // (created on open, removed on close), not a persistent database.
+//
+// Callers' buffers go to the device as they are (when 4 KiB aligned), so their
+// physical layout matters: a 1 MiB I/O into scattered 4 KiB pages is up to 256
+// segments, which some devices split or queue fewer of (measured on the VM's
+// virtio disk: about half the bandwidth). Buffers in transparent huge pages
+// (2 MiB aligned, madvise(MADV_HUGEPAGE)) avoid it; see Note [Huge-page
+// buffers] in apps/u3m/cmd_bench_ssd.cpp.
 #pragma once
 
 #include <condition_variable>
