@@ -4,6 +4,8 @@
 
 #include "u3m/experiments/train_policy.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/workload/generate.hpp"
+#include "u3m/workload/shape.hpp"
 
 namespace u3m::experiments {
 namespace {
@@ -19,6 +21,100 @@ TEST(TrainPolicy, UnknownNameNamesTheFlag) {
     EXPECT_NE(std::string(e.what()).find("--policy"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("fifo"), std::string::npos) << e.what();
   }
+}
+
+// A 3-step tiny-mha training trace with "HBM" a fraction of its footprint, 100 us
+// per op, with the host link at `h2d_bw` bytes/s (simulated).
+struct U3mRun {
+  sim::SimReport rep;
+  U3mPolicyStats stats;
+};
+U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_bw) {
+  workload::TrainConfig cfg;
+  cfg.steps = 3;
+  cfg.seq_len = 64;
+  trace::Trace t;
+  workload::generate_train(workload::preset("tiny-mha"), cfg, t);
+  const std::vector<sim::Step> steps = sim::build_steps(t);
+  sim::SimOptions o;
+  o.device_fraction = device_fraction;
+  o.links.links = {sim::LinkModel{h2d_bw, 1e-6}, sim::LinkModel{h2d_bw, 1e-6},
+                   sim::LinkModel{1e9, 20e-6}, sim::LinkModel{2e9, 20e-6}};
+  o.links.ssd_capacity = 1ull << 30;
+  o.op_time = [](const trace::Op&) { return 100e-6; };
+  TrainPolicyInputs in{t, steps, false, o.links, opt};
+  TrainPolicy pol = make_train_policy("u3m", in);
+  EXPECT_NE(pol.u3m_stats, nullptr);
+  o.prefetch = pol.prefetch;
+  o.victim_score = pol.victim;
+  o.home_tier = pol.home;
+  U3mRun r{sim::simulate_trace(t, steps, o), {}};
+  EXPECT_TRUE(r.rep.ok()) << r.rep.first_error;
+  r.stats = *pol.u3m_stats;
+  return r;
+}
+
+TEST(TrainPolicy, OnlyU3mReportsItsCounters) {
+  trace::Trace t;
+  std::vector<sim::Step> steps;
+  sim::SimTransportConfig links;
+  EXPECT_EQ(make_train_policy("lru", {t, steps, false, links}).u3m_stats, nullptr);
+}
+
+TEST(TrainPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {
+  U3mPolicyOptions on;
+  on.jit_prefetch = false;  // the recalibration alone
+  const U3mRun a = run_u3m(on, 0.9, 5e9);
+  // A tenth of an iteration per period over the last two iterations: ~20.
+  EXPECT_GE(a.stats.recalibrations, 10u);
+  EXPECT_GT(a.stats.demotions, 0u);
+  EXPECT_GT(a.stats.hot, 0.0);
+  EXPECT_GE(a.stats.hot, a.stats.warm);
+
+  U3mPolicyOptions off = on;
+  off.recalibrate = false;
+  const U3mRun b = run_u3m(off, 0.9, 5e9);
+  EXPECT_EQ(b.stats.recalibrations, 0u);
+  EXPECT_EQ(b.stats.demotions, 0u);
+  EXPECT_EQ(b.rep.steps, a.rep.steps);
+  // Demotions are real moves: the demoting run writes back more or drops
+  // more clean copies.
+  EXPECT_GT(a.rep.engine.evictions, b.rep.engine.evictions);
+}
+
+TEST(TrainPolicy, AFixedPeriodSetsHowOftenItRecalibrates) {
+  U3mPolicyOptions slow;
+  slow.jit_prefetch = false;
+  slow.recalibrate_period_s = 1000;  // longer than the run: never after calibration
+  EXPECT_EQ(run_u3m(slow, 0.5, 5e9).stats.recalibrations, 0u);
+}
+
+TEST(TrainPolicy, PrefetchHorizonFollowsTheLinkTransferTime) {
+  U3mPolicyOptions jit;
+  jit.recalibrate = false;
+  jit.jit_prefetch = true;
+  jit.jit.min_ops = 1;  // tiny tensors: let the window go below the usual floor
+  const U3mRun fast = run_u3m(jit, 0.9, 25e9);
+  const U3mRun slow = run_u3m(jit, 0.9, 200e6);
+  // The slowest fetch is the SSD's bytes plus the host link's: 125x slower
+  // host link, same SSD.
+  EXPECT_GT(slow.stats.max_fetch_s, 5 * fast.stats.max_fetch_s);
+  auto window_s = [](const U3mRun& r) { return r.stats.horizon_ops * r.stats.horizon_op_s; };
+  for (const U3mRun* r : {&fast, &slow}) {
+    EXPECT_GE(r->stats.horizon_ops, jit.jit.min_ops);
+    EXPECT_LE(r->stats.horizon_ops, jit.jit.max_ops);
+    // The window, in time, covers the slowest fetch with its margin.
+    EXPECT_GE(window_s(*r), r->stats.max_fetch_s * jit.jit.factor);
+    EXPECT_GT(r->stats.jit_prefetches, 0u);
+  }
+  EXPECT_GT(window_s(slow), window_s(fast));
+  EXPECT_GT(slow.stats.horizon_ops, fast.stats.horizon_ops);
+
+  U3mPolicyOptions fixed = jit;
+  fixed.jit_prefetch = false;
+  const U3mRun f = run_u3m(fixed, 0.5, 25e9);
+  EXPECT_EQ(f.stats.horizon_ops, 16u);
+  EXPECT_EQ(f.stats.jit_prefetches, 0u);
 }
 
 }  // namespace
