@@ -4,9 +4,7 @@
 #include "u3m/mem/pool.hpp"
 
 #include <fcntl.h>
-#include <linux/membarrier.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,14 +22,13 @@ namespace u3m::mem {
 // Note [Pool structure]
 // A segment is one contiguous range from the source. Its blocks tile it in
 // address order (prev/next), each allocated or free. Free blocks of the small
-// and the large pool sit in two sets ordered by (size, address), so best-fit is
-// one lower_bound: the smallest free block that fits, lowest address among
-// equals. Allocation takes that block and splits off the remainder when the
-// remainder is worth keeping (Note [Pool configuration]); free marks the block
-// free and merges it with free neighbours, so adjacent holes never stay apart.
-// Segments go back to the source only in empty_cache(), or when an allocation
-// would fail otherwise: a freed block is cached and the next request of a
-// similar size is served without a source call (the fast path).
+// and the large pool sit in two indexes ordered by (size, address) (Note
+// [Free index]), so best fit is one search: the smallest free block that
+// fits, lowest address among equals. Allocation takes that block and splits off the remainder when
+// the remainder is worth keeping (Note [Pool configuration]); free marks the block free and merges
+// it with free neighbours, so adjacent holes never stay apart. Segments go back to the source only
+// in empty_cache(), or when an allocation would fail otherwise: a freed block is cached and the
+// next request of a similar size is served without a source call (the fast path).
 //
 // Note [Fast path]
 // Splitting and coalescing cost several ordered-set updates per allocation,
@@ -79,22 +76,29 @@ namespace u3m::mem {
 //   (written by its owner only, read with relaxed loads) and treats a block
 //   with an even generation as free, so allocated/free bytes and counts are
 //   exact whenever no call is in flight.
+// * Cost. A pop or push is a few dozen instructions; what they do is chosen
+//   by perf annotate of `u3m bench alloc`: the thread's slot table is read
+//   through a TLS descriptor (no __tls_get_addr prologue in -fPIC code), the
+//   cache's byte figure is one `room` word that both checks the byte limit
+//   and counts (cached = cap - room), a new generation is computed from the
+//   one just checked rather than loaded back, and "this pool's and not
+//   movable" is one pointer compare (PoolBlock::push_to).
 // * Draining. Whenever the pool needs memory that may sit in a cache (a
 //   request no free block serves, before it grows a segment; out of memory;
 //   empty_cache(); compact(); destruction), it empties every thread cache
 //   into its free sets, so caching never makes the pool grow or fail. The
 //   owner's pops and pushes hold no lock, so a drain from another thread uses
-//   an asymmetric Dekker handshake: the owner sets `busy`, then reads
-//   `pending`, separated only by a compiler barrier; the drainer sets
-//   `pending`, then runs membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which
-//   puts a full fence on every running thread of the process, then waits for
-//   `busy` to clear. Either the owner sees `pending` and takes the locked
-//   path, or the drainer sees `busy` and waits the few instructions until the
-//   owner leaves; so the bins are never touched by both (the scheme of
-//   folly's asymmetric barriers and liburcu's membarrier flavour). The owner
-//   clears `pending` under the pool lock on its next locked call. Where the
-//   kernel lacks membarrier, both sides use a seq_cst fence instead (slower
-//   owner, same protocol).
+//   a Dekker handshake: the owner sets `busy`, fences, then reads `pending`;
+//   the drainer sets `pending`, fences, then waits for `busy` to clear. Either
+//   the owner sees `pending` and takes the locked path, or the drainer sees
+//   `busy` and waits the few instructions until the owner leaves; so the bins
+//   are never touched by both. The owner clears `pending` under the pool lock
+//   on its next locked call. The fences are seq_cst on both sides. An
+//   asymmetric form (a compiler barrier for the owner, membarrier(2) for the
+//   drainer, as folly and liburcu do) was built and measured: no faster here
+//   (a 512 B pair 8.0-9.1 ns vs 8.5 ns symmetric, vm), since the owner's
+//   fence is a locked op on a line it already owns; and ThreadSanitizer
+//   cannot check it. So the simple protocol stays.
 // * Lifetimes. A pool finds a thread's cache by a pool id that is never reused
 //   (so a new pool at a dead pool's address never sees its caches), in a
 //   small thread-local table. The pool and the thread share each cache
@@ -117,7 +121,10 @@ struct PoolBlock {
   std::atomic<std::uint64_t> generation{0};  // odd while allocated; written by the holder only
   std::atomic<bool> movable{false};
   const DevicePool* pool = nullptr;  // set once; blocks are recycled within their pool
-  void* segment = nullptr;           // the DevicePool::Segment holding it
+  // `pool` while the block is not movable, else null: the lock-free free's
+  // "ours and cacheable" test in one load (set with movable, by set_movable()).
+  std::atomic<const DevicePool*> push_to{nullptr};
+  void* segment = nullptr;  // the DevicePool::Segment holding it
   PoolBlock *prev = nullptr, *next = nullptr;
   PoolBlock* tnext = nullptr;  // next in a thread cache bin
   // allocated: out of the pool's free structures (held by a caller or a
@@ -127,10 +134,20 @@ struct PoolBlock {
   std::uint32_t cache_slot = 0;
 
   bool held() const { return generation.load(std::memory_order_acquire) & 1; }
+  void set_movable(bool m) {
+    movable.store(m, std::memory_order_relaxed);
+    push_to.store(m ? nullptr : pool, std::memory_order_relaxed);
+  }
   // Free to the figures: in a free set, the pool cache, or a thread cache.
   bool free_now() const { return !allocated || !held(); }
-  void bump_generation() {
-    generation.store(generation.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  // Returns the new generation, so callers need not load it back (a reload
+  // is a store-to-load forward on the fast path's critical chain).
+  std::uint64_t bump_generation() {
+    return bump_generation_from(generation.load(std::memory_order_relaxed));
+  }
+  std::uint64_t bump_generation_from(std::uint64_t current) {
+    generation.store(current + 1, std::memory_order_release);
+    return current + 1;
   }
 };
 
@@ -162,18 +179,22 @@ struct PoolThreadCache {
   // Touched by the owner inside busy, or by a drain once the owner is out.
   Bin bins[kBins];
   // Figures for stats(), as few as the fast path can afford: monotonic
-  // counts of the owner's pushes and pops (single writer), the bytes popped
-  // minus pushed as one word (a reader racing the owner sees a consistent
-  // value, and each call updates one word, not two), and what drains took
-  // (written under the pool lock). Everything else derives.
+  // counts of the owner's pushes and pops (single writer), the byte room
+  // left under thread_cache_bytes as one word (a push checks its limit and
+  // updates its figure with that one load and store; a reader racing the
+  // owner sees a consistent value), and what drains took (written under the
+  // pool lock, with the owner excluded). Everything else derives:
+  // cached bytes = cap - room, popped minus pushed bytes = -(cached + drained).
   std::atomic<std::uint64_t> pops{0}, pushes{0};
-  std::atomic<std::int64_t> net_bytes{0};        // popped minus pushed
+  std::int64_t cap = 0;                          // thread_cache_bytes; set at creation
+  std::atomic<std::int64_t> room{0};             // cap - bytes cached now
   std::atomic<std::int64_t> requested_bytes{0};  // requested by pops minus by pushes
   std::atomic<std::uint64_t> drained_blocks{0};
-  std::atomic<std::int64_t> drained_bytes{0};  // -net_bytes at the last drain
+  std::atomic<std::int64_t> drained_bytes{0};  // all bytes drains took from it
   // Peak tracking: the pool total minus this cache's delta at the owner's
-  // last locked call, and the highest delta since.
-  std::atomic<std::int64_t> base{0}, high{0};
+  // last locked call, and the highest room since (the highest delta: a pop
+  // raises both by the same bytes).
+  std::atomic<std::int64_t> base{0}, high_room{0};
   // Lifetime (Note [Thread cache]): the pool, until it detaches the cache.
   std::mutex detach_mu;
   std::atomic<DevicePool*> pool{nullptr};
@@ -182,10 +203,13 @@ struct PoolThreadCache {
   static std::size_t bin_of(std::uint64_t size) {
     return static_cast<std::size_t>((size * 0x9E3779B97F4A7C15ull) >> 58);  // Fibonacci hashing
   }
-  std::int64_t peak_candidate() const { return get(base) + get(high); }
-  std::int64_t allocated_delta() const { return net_bytes.load(std::memory_order_acquire); }
+  // Bytes popped minus pushed, from a given room. Callers hold the pool
+  // lock, so drained_bytes is stable (drains take it).
+  std::int64_t delta_at(std::int64_t r) const { return r - cap - get(drained_bytes); }
+  std::int64_t peak_candidate() const { return get(base) + delta_at(get(high_room)); }
+  std::int64_t allocated_delta() const { return delta_at(room.load(std::memory_order_acquire)); }
   std::uint64_t cached_bytes() const {
-    return static_cast<std::uint64_t>(-allocated_delta() - get(drained_bytes));
+    return static_cast<std::uint64_t>(cap - room.load(std::memory_order_acquire));
   }
   // Pops read before pushes (acquire: in that order), so a reader racing the
   // owner never sees more popped than pushed.
@@ -197,39 +221,15 @@ struct PoolThreadCache {
 
 namespace {
 
-// Note [Thread cache], the handshake. The owner's side is a compiler barrier
-// when the kernel does the drainer's side with membarrier.
-bool init_asymmetric_fence() {
-#ifdef MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED
-  long cmds = ::syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED)) return false;
-  return ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-#else
-  return false;
-#endif
-}
-const bool kAsymmetricFence = init_asymmetric_fence();
-
-inline void light_fence() {
-  if (kAsymmetricFence) {
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
-}
-void heavy_fence() {
-#ifdef MEMBARRIER_CMD_PRIVATE_EXPEDITED
-  if (kAsymmetricFence && ::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) {
-    return;
-  }
-#endif
+// Note [Thread cache], the handshake: a seq_cst fence on both sides.
+inline void fence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 // The owner enters: false when a drain is pending (take the locked path).
 inline bool enter(PoolThreadCache* c) {
   c->busy.store(true, std::memory_order_relaxed);
-  light_fence();
+  fence();
   if (c->pending.load(std::memory_order_acquire)) {
     c->busy.store(false, std::memory_order_release);
     return false;
@@ -249,6 +249,14 @@ struct TlsCacheSlot {
   PoolThreadCache* cache = nullptr;
 };
 constexpr int kTlsSlots = 4;
+// Read on every fast-path call. u3m_mem is built -fPIC (it also goes into
+// the Python module), where thread_local defaults to the general-dynamic
+// model: a __tls_get_addr call, and even when the linker relaxes it the
+// compiler has already saved registers around it (2 ns of a 13 ns pair,
+// measured). pool.cmake builds this file with TLS descriptors (GCC's
+// -mtls-dialect=gnu2), whose call clobbers no register and which the linker
+// relaxes to a plain %fs load in an executable; unlike the initial-exec
+// model, that stays safe in a dlopen()ed module.
 thread_local TlsCacheSlot tls_slots[kTlsSlots];
 thread_local bool tls_exiting = false;  // the registry below is gone or going
 
@@ -427,8 +435,84 @@ std::string PoolConfig::describe() const {
 
 // ---- the pool --------------------------------------------------------------
 
-bool DevicePool::BySize::operator()(const PoolBlock* a, const PoolBlock* b) const {
-  return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+// Note [Free index]
+// Best fit is "the smallest free block that fits, the lowest address among
+// equal sizes". A std::set ordered by (size, address) gives it in one
+// lower_bound, but every insert and erase pays a node allocation and a
+// pointer-chasing rebalance, and the simulator frees and allocates millions
+// of blocks (the set was 13-21% of a bench_sim profile). So, as jemalloc and
+// TLSF do, the free blocks sit in size-class bins: 8 classes per power of two
+// (class_of below; a class covers a size range, and classes grow with size),
+// each bin a flat array sorted by (size, address), and a bitmap of non-empty
+// bins. Best fit searches the request's own bin (it may hold smaller blocks),
+// then takes the first entry of the next non-empty bin (a bitmap scan): every
+// block there is larger than any in lower bins, and its first entry is the
+// smallest, lowest-addressed one. So the choice is exactly the set's, and
+// placement (and every simulator figure) is unchanged. A bin spans at most
+// 1/8 of its power of two, so arrays stay short; an insert or erase moves
+// the entries after it, cheap at these sizes.
+int DevicePool::FreeIndex::class_of(std::uint64_t size) {
+  if (size < 16) return static_cast<int>(size);                  // 0..15: one class per size
+  const int e = 63 - __builtin_clzll(size);                      // 4..63
+  return 8 * (e - 2) + static_cast<int>((size >> (e - 3)) & 7);  // 16..495
+}
+
+int DevicePool::FreeIndex::next_nonempty(int from) const {
+  for (int w = from / 64; w < kClasses / 64; ++w) {
+    std::uint64_t bits = bitmap_[w];
+    if (w == from / 64) bits &= ~std::uint64_t{0} << (from % 64);
+    if (bits) return w * 64 + __builtin_ctzll(bits);
+  }
+  return -1;
+}
+
+namespace {
+template <typename E>
+bool entry_less(const E& e, std::uint64_t size, std::uintptr_t ptr) {
+  return e.size != size ? e.size < size : e.ptr < ptr;
+}
+}  // namespace
+
+void DevicePool::FreeIndex::insert(PoolBlock* b) {
+  const int c = class_of(b->size);
+  auto& bin = bins_[c];
+  auto it = std::lower_bound(bin.begin(), bin.end(), b, [](const Entry& e, const PoolBlock* x) {
+    return entry_less(e, x->size, x->ptr);
+  });
+  bin.insert(it, Entry{b->size, b->ptr, b});
+  bitmap_[c / 64] |= std::uint64_t{1} << (c % 64);
+  ++count_;
+}
+
+void DevicePool::FreeIndex::erase(PoolBlock* b) {
+  const int c = class_of(b->size);
+  auto& bin = bins_[c];
+  auto it = std::lower_bound(bin.begin(), bin.end(), b, [](const Entry& e, const PoolBlock* x) {
+    return entry_less(e, x->size, x->ptr);
+  });
+  assert(it != bin.end() && it->block == b);
+  if (it == bin.end() || it->block != b) return;  // not indexed: nothing to take out
+  bin.erase(it);
+  if (bin.empty()) bitmap_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
+  --count_;
+}
+
+PoolBlock* DevicePool::FreeIndex::best_fit(std::uint64_t size) const {
+  const int c = class_of(size);
+  const auto& bin = bins_[c];
+  auto it = std::lower_bound(bin.begin(), bin.end(), size,
+                             [](const Entry& e, std::uint64_t s) { return e.size < s; });
+  if (it != bin.end()) return it->block;
+  if (c + 1 >= kClasses) return nullptr;
+  const int n = next_nonempty(c + 1);
+  return n < 0 ? nullptr : bins_[n].front().block;
+}
+
+PoolBlock* DevicePool::FreeIndex::largest() const {
+  for (int w = kClasses / 64; w-- > 0;) {
+    if (bitmap_[w]) return bins_[w * 64 + 63 - __builtin_clzll(bitmap_[w])].back().block;
+  }
+  return nullptr;
 }
 
 DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
@@ -438,7 +522,8 @@ DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
       expandable_(config.expandable_segments),
       id_(next_pool_id.fetch_add(1, std::memory_order_relaxed)),
       thread_cache_(config.thread_cache_blocks > 0 && config.thread_cache_bytes > 0 &&
-                    !config.expandable_segments) {
+                    !config.expandable_segments),
+      fast_id_(thread_cache_ ? id_ : 0) {
   config_.validate();
   if (expandable_ && !source.supports_vmm()) {
     input_error("pool config", "expandable_segments: the segment source has no reserve/map");
@@ -483,13 +568,14 @@ PoolBlock* DevicePool::new_block() {
     spare_blocks_.pop_back();
     // The generation carries on: a stale handle to the old block stays stale.
     b->requested = b->owner = 0;
-    b->movable.store(false, std::memory_order_relaxed);
+    b->set_movable(false);
     b->prev = b->next = b->tnext = nullptr;
     b->allocated = b->cached = false;
     b->cache_slot = 0;
   } else {
     b = &block_storage_.emplace_back();
     b->pool = this;
+    b->set_movable(false);
   }
   b->in_use = true;
   return b;
@@ -529,7 +615,7 @@ std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
   std::uint64_t runs = 0, m = 0;
   if (cache_.empty() && thread_cached_blocks() == 0) {  // coalesced: each free block is a run
     for (const FreeSet& f : free_) {
-      if (!f.empty()) m = std::max(m, (*f.rbegin())->size);
+      if (const PoolBlock* b = f.largest()) m = std::max(m, b->size);
       runs += f.size();
     }
   } else {
@@ -589,11 +675,7 @@ bool DevicePool::within_capacity(std::uint64_t more) const {
 }
 
 PoolBlock* DevicePool::best_fit(Kind k, std::uint64_t size) {
-  PoolBlock key;
-  key.size = size;
-  key.ptr = 0;
-  auto it = free_[k].lower_bound(&key);
-  return it == free_[k].end() ? nullptr : *it;
+  return free_[k].best_fit(size);
 }
 
 std::uint64_t DevicePool::segment_size(Kind k, std::uint64_t size) const {
@@ -708,7 +790,7 @@ void DevicePool::hand_out(PoolBlock* b, std::uint64_t requested, bool movable, s
                           PoolAllocation* out) {
   b->allocated = true;
   b->requested = requested;
-  b->movable.store(movable, std::memory_order_relaxed);
+  b->set_movable(movable);
   b->owner = owner;
   b->bump_generation();
   st_.allocated_bytes += b->size;
@@ -728,9 +810,10 @@ void DevicePool::note_allocated() {
 
 // Inlined: a call and its prologue are a tenth of the lock-free path.
 [[gnu::always_inline]] inline PoolThreadCache* DevicePool::fast_cache() const {
-  if (!thread_cache_) return nullptr;
+  // fast_id_ is 0 when the pool has no thread cache: it matches only empty
+  // slots, whose cache is null, so there is no separate flag to test.
   for (const TlsCacheSlot& s : tls_slots) {
-    if (s.pool_id == id_) return s.cache;
+    if (s.pool_id == fast_id_) return s.cache;
   }
   return nullptr;
 }
@@ -750,6 +833,11 @@ PoolThreadCache* DevicePool::own_cache(bool create) {
     });
     auto c = std::make_shared<PoolThreadCache>();
     c->pool_id = id_;
+    // Clamped so that room arithmetic cannot overflow a signed word.
+    c->cap = static_cast<std::int64_t>(
+        std::min<std::uint64_t>(config_.thread_cache_bytes, std::uint64_t{1} << 62));
+    c->room.store(c->cap, std::memory_order_relaxed);
+    c->high_room.store(c->cap, std::memory_order_relaxed);
     c->pool.store(this, std::memory_order_release);
     c->base.store(static_cast<std::int64_t>(st_.allocated_bytes +
                                             static_cast<std::uint64_t>(thread_allocated_delta())),
@@ -763,19 +851,21 @@ PoolThreadCache* DevicePool::own_cache(bool create) {
   return found;
 }
 
-[[gnu::always_inline]] inline bool DevicePool::cache_push(PoolThreadCache* c, PoolBlock* b) {
+[[gnu::always_inline]] inline bool DevicePool::cache_push(PoolThreadCache* c, PoolBlock* b,
+                                                          std::uint64_t generation) {
   std::uint64_t size = b->size;
   PoolThreadCache::Bin& bin = c->bins[PoolThreadCache::bin_of(size)];
+  const std::int64_t room = get(c->room);  // >= 0
   if ((bin.count > 0 && bin.size != size) || bin.count >= config_.thread_cache_blocks ||
-      c->cached_bytes() + size > config_.thread_cache_bytes) {
+      size > static_cast<std::uint64_t>(room)) {
     return false;
   }
-  b->bump_generation();  // even: the handle that freed it is stale now
+  b->bump_generation_from(generation);  // even: the handle that freed it is stale now
   b->tnext = bin.top;
   bin.top = b;
   bin.size = size;
   ++bin.count;
-  bump(c->net_bytes, -static_cast<std::int64_t>(size));
+  c->room.store(room - static_cast<std::int64_t>(size), std::memory_order_release);
   bump(c->pushes, std::uint64_t{1});
   bump(c->requested_bytes, -static_cast<std::int64_t>(b->requested));
   return true;
@@ -796,7 +886,7 @@ void DevicePool::rebase(PoolThreadCache* c) {
   auto total = static_cast<std::int64_t>(st_.allocated_bytes +
                                          static_cast<std::uint64_t>(thread_allocated_delta()));
   c->base.store(total - delta, std::memory_order_relaxed);
-  c->high.store(delta, std::memory_order_relaxed);
+  c->high_room.store(get(c->room), std::memory_order_relaxed);
 }
 
 void DevicePool::drain(PoolThreadCache* c) {
@@ -809,8 +899,12 @@ void DevicePool::drain(PoolThreadCache* c) {
     }
     bin = {};
   }
-  // The owner is out (Note [Thread cache]), so these are exact.
-  c->drained_bytes.store(-get(c->net_bytes), std::memory_order_relaxed);
+  // The owner is out (Note [Thread cache]), so these are exact. The delta
+  // (room - cap - drained) is unchanged; the high-water room moves with it.
+  const std::int64_t cached = c->cap - get(c->room);
+  c->high_room.store(get(c->high_room) + cached, std::memory_order_relaxed);
+  c->drained_bytes.store(get(c->drained_bytes) + cached, std::memory_order_relaxed);
+  c->room.store(c->cap, std::memory_order_release);
   c->drained_blocks.store(get(c->pushes) - get(c->pops), std::memory_order_relaxed);
 }
 
@@ -829,7 +923,7 @@ bool DevicePool::drain_thread_caches() {
     }
   }
   if (!remote.empty()) {
-    heavy_fence();
+    fence();
     for (PoolThreadCache* c : remote) {
       while (c->busy.load(std::memory_order_acquire)) std::this_thread::yield();
       any = any || c->cached_blocks() > 0;
@@ -881,15 +975,14 @@ Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movab
       PoolBlock* b = bin.top;
       bin.top = b->tnext;
       --bin.count;
-      const std::int64_t now = get(c->net_bytes) + static_cast<std::int64_t>(size);
-      c->net_bytes.store(now, std::memory_order_release);
+      const std::int64_t room = get(c->room) + static_cast<std::int64_t>(size);
+      c->room.store(room, std::memory_order_release);
       bump(c->pops, std::uint64_t{1});
       bump(c->requested_bytes, static_cast<std::int64_t>(bytes));
-      if (now > get(c->high)) c->high.store(now, std::memory_order_relaxed);
+      if (room > get(c->high_room)) c->high_room.store(room, std::memory_order_relaxed);
       b->requested = bytes;
       b->owner = owner;
-      b->bump_generation();
-      std::uint64_t g = b->generation.load(std::memory_order_relaxed);
+      const std::uint64_t g = b->bump_generation();
       leave(c);
       *out = PoolAllocation{as_ptr(b->ptr), size, bytes, b, g};
       return Status::ok;
@@ -1044,11 +1137,11 @@ Status DevicePool::free(const PoolAllocation& a) {
   PoolBlock* b = a.block;
   // The lock-free push: a live, non-movable block of this pool into this
   // thread's bin for its size, if the bin has room (Note [Thread cache]).
-  if (PoolThreadCache* c = b && b->pool == this ? fast_cache() : nullptr;
+  if (PoolThreadCache* c =
+          b && b->push_to.load(std::memory_order_relaxed) == this ? fast_cache() : nullptr;
       c && (a.generation & 1) && b->generation.load(std::memory_order_acquire) == a.generation &&
-      b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr) &&
-      !b->movable.load(std::memory_order_relaxed) && enter(c)) {
-    bool pushed = cache_push(c, b);
+      b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr) && enter(c)) {
+    bool pushed = cache_push(c, b, a.generation);  // equal to the block's, just checked
     leave(c);
     if (pushed) return Status::ok;
   }
@@ -1063,7 +1156,9 @@ Status DevicePool::free(const PoolAllocation& a) {
   Rebase rebase{this, c};
   if (!live(a)) return Status::invalid_argument;
   // The owner may fill its bins under the lock too: drains hold the lock.
-  if (c && !b->movable.load(std::memory_order_relaxed) && cache_push(c, b)) return Status::ok;
+  if (c && !b->movable.load(std::memory_order_relaxed) && cache_push(c, b, a.generation)) {
+    return Status::ok;
+  }
   release_block(a.block, true);
   ++st_.free_count;
   return Status::ok;
@@ -1072,7 +1167,7 @@ Status DevicePool::free(const PoolAllocation& a) {
 Status DevicePool::set_movable(const PoolAllocation& a, bool movable) {
   std::lock_guard lock(mu_);
   if (!live(a)) return Status::invalid_argument;
-  a.block->movable.store(movable, std::memory_order_relaxed);
+  a.block->set_movable(movable);
   return Status::ok;
 }
 
@@ -1170,9 +1265,9 @@ CompactResult DevicePool::compact(const MoveFn& fn) {
   for (PoolBlock* src : movable) {
     Kind k = static_cast<Segment*>(src->segment)->kind;
     PoolBlock* hole = nullptr;
-    for (PoolBlock* f : free_[k]) {
+    free_[k].for_each([&](PoolBlock* f) {
       if (f->size >= src->size && f->ptr < src->ptr && (!hole || f->ptr < hole->ptr)) hole = f;
-    }
+    });
     if (!hole) continue;
     erase_free(hole);
     if (hole->size > src->size) split(hole, src->size);
@@ -1233,7 +1328,7 @@ void DevicePool::reset_peaks() {
   for (const auto& c : caches_) {  // an estimate if their owners pop meanwhile
     std::int64_t d = c->allocated_delta();
     c->base.store(static_cast<std::int64_t>(now) - d, std::memory_order_relaxed);
-    c->high.store(d, std::memory_order_relaxed);
+    c->high_room.store(get(c->room), std::memory_order_relaxed);
   }
 }
 

@@ -5,6 +5,8 @@
 #include "u3m/mem/pool.hpp"
 
 #include <cstring>
+#include <optional>
+#include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -460,6 +462,58 @@ TEST(CompactTest, ExpandableTailIsReleasedAfterCompaction) {
   EXPECT_EQ(src.counters().physical_bytes.load(), 8 * MiB);
   EXPECT_EQ(r.fragmentation_after, 0.0);
 }
+
+// Note [Free index] in pool.cpp: the size-class bins must choose exactly what
+// an ordered (size, address) set would. A random mix of sizes across many
+// classes (and both pools), each allocation checked against the layout just
+// before it: when a free block fits, the pool must take the smallest one, the
+// lowest-addressed among equals. Caches are off so every free block sits in
+// the index (the layout is the index's content).
+class BestFitRuleTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BestFitRuleTest, TakesTheSmallestFittingBlockLowestAddressFirst) {
+  VirtualSegmentSource src;
+  PoolConfig cfg = PoolConfig::parse("thread_cache_blocks:0,fast_cache_blocks:0");
+  cfg.expandable_segments = GetParam();
+  DevicePool pool(src, cfg);
+  std::mt19937_64 rng(20261129);
+  std::vector<PoolAllocation> live;
+  int checked = 0;
+  for (int op = 0; op < 3000; ++op) {
+    if (!live.empty() && rng() % 100 < 45) {
+      std::size_t i = rng() % live.size();
+      ASSERT_EQ(pool.free(live[i]), Status::ok);
+      live[i] = live.back();
+      live.pop_back();
+      continue;
+    }
+    // Log-uniform from 512 B to 32 MiB, a few sizes repeated for ties.
+    std::uint64_t bytes = rng() % 4 == 0 ? 64 * KiB : std::uint64_t{512} << (rng() % 16);
+    bytes += (rng() % 8) * (bytes / 8);
+    const std::uint64_t size = (bytes + cfg.alignment - 1) / cfg.alignment * cfg.alignment;
+    const bool small = size <= cfg.small_size;
+    std::optional<BlockInfo> best;
+    for (const BlockInfo& b : pool.snapshot()) {
+      if (b.allocated || b.small_pool != small || b.size < size) continue;
+      if (!best || b.size < best->size || (b.size == best->size && b.ptr < best->ptr)) best = b;
+    }
+    PoolAllocation a = must_alloc(pool, bytes);
+    ASSERT_TRUE(a);
+    if (best) {
+      ASSERT_EQ(addr(a), best->ptr) << "op " << op << ": " << bytes << " bytes";
+      ++checked;
+    }
+    live.push_back(a);
+  }
+  EXPECT_GT(checked, 1000);  // most allocations were served from free blocks
+  for (const PoolAllocation& a : live) ASSERT_EQ(pool.free(a), Status::ok);
+  PoolStats st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 0u);
+  EXPECT_EQ(st.free_bytes, st.reserved_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Segments, BestFitRuleTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "expandable" : "plain"; });
 
 }  // namespace
 }  // namespace u3m::mem

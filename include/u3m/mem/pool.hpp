@@ -16,7 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <set>  // not used here any more; kept for includers that relied on it
 #include <string>
 #include <string_view>
 #include <vector>
@@ -292,10 +292,40 @@ class DevicePool {
  private:
   friend struct PoolThreadCacheRegistry;  // returns a thread's caches at thread exit
   struct Segment;
-  struct BySize {
-    bool operator()(const PoolBlock* a, const PoolBlock* b) const;
+  // Free blocks of one pool (small or large), for best fit by (size, address):
+  // size-class bins with a bitmap, each bin a sorted flat array (Note [Free
+  // index] in pool.cpp).
+  class FreeIndex {
+   public:
+    void insert(PoolBlock* b);
+    void erase(PoolBlock* b);  // b must be in the index, with the size and ptr it went in with
+    // The smallest block of at least `size` bytes, the lowest-addressed among
+    // equals; null when none.
+    PoolBlock* best_fit(std::uint64_t size) const;
+    PoolBlock* largest() const;  // null when empty
+    std::size_t size() const { return count_; }
+    bool empty() const { return count_ == 0; }
+    template <typename F>
+    void for_each(F&& f) const {
+      for (const auto& bin : bins_) {
+        for (const Entry& e : bin) f(e.block);
+      }
+    }
+
+   private:
+    struct Entry {
+      std::uint64_t size;
+      std::uintptr_t ptr;
+      PoolBlock* block;
+    };
+    static constexpr int kClasses = 512;
+    static int class_of(std::uint64_t size);
+    int next_nonempty(int from) const;  // the first class >= from with blocks, or -1
+    std::vector<Entry> bins_[kClasses];
+    std::uint64_t bitmap_[kClasses / 64] = {};
+    std::size_t count_ = 0;
   };
-  using FreeSet = std::set<PoolBlock*, BySize>;
+  using FreeSet = FreeIndex;
   enum Kind : int { kSmall = 0, kLarge = 1 };
 
   Kind kind_of(std::uint64_t rounded) const;
@@ -326,7 +356,8 @@ class DevicePool {
       if (cache) pool->rebase(cache);
     }
   };
-  bool cache_push(PoolThreadCache* c, PoolBlock* b);  // into its bin, if the bin has room
+  // Into its bin, if the bin has room; `generation` is the block's current (odd) one.
+  bool cache_push(PoolThreadCache* c, PoolBlock* b, std::uint64_t generation);
   void drain(PoolThreadCache* c);         // its blocks back into the pool; owner excluded
   bool drain_thread_caches();             // all of them; true when any block came back
   void retire_cache(PoolThreadCache* c);  // thread exit: drain, fold counters, forget
@@ -365,6 +396,7 @@ class DevicePool {
   PoolStats st_;
   const std::uint64_t id_;  // unique per pool ever made: a thread cache finds its pool by it
   bool thread_cache_;
+  std::uint64_t fast_id_;  // id_ with a thread cache, else 0 (fast_cache())
   std::vector<std::shared_ptr<PoolThreadCache>> caches_;  // of live threads, under mu_
 };
 
