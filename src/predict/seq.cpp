@@ -53,6 +53,8 @@
 
 #include <xxhash.h>
 
+#include <cstring>
+
 namespace u3m::predict {
 
 SeqPredictor::SeqPredictor(SeqParams p) : p_(p) {}
@@ -215,12 +217,14 @@ void SeqPredictor::join_group(std::uint32_t t, const Access& a) {
   TensorState& s = ts_[t];
   s.last_iter = job(a.tensor_job).iter_count;
   if (s.group != UINT32_MAX) return;
-  struct {
-    std::uint32_t job;
-    std::int32_t layer;
-    std::uint8_t role;
-  } k{a.tensor_job, a.tensor_layer, static_cast<std::uint8_t>(a.role)};
-  std::uint64_t key = XXH64(&k, sizeof k, 0);
+  // The key's bytes, packed: a struct would hash its padding, which is
+  // indeterminate, so equal keys could land in different groups.
+  const auto role = static_cast<std::uint8_t>(a.role);
+  unsigned char k[sizeof a.tensor_job + sizeof a.tensor_layer + sizeof role];
+  std::memcpy(k, &a.tensor_job, sizeof a.tensor_job);
+  std::memcpy(k + sizeof a.tensor_job, &a.tensor_layer, sizeof a.tensor_layer);
+  std::memcpy(k + sizeof a.tensor_job + sizeof a.tensor_layer, &role, sizeof role);
+  const std::uint64_t key = XXH64(k, sizeof k, 0);
   auto [it, inserted] = group_index_.try_emplace(key, static_cast<std::uint32_t>(groups_.size()));
   if (inserted) {
     groups_.emplace_back();
