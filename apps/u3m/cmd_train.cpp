@@ -33,17 +33,34 @@ struct TrainArgs {
   workload::TrainConfig train;
   double max_loss = 0.05;
   std::string fail_card;  // "K@STEP"; empty: no failure
+  // "separate" | "symmetric"; empty: the command's default (separate for
+  // sim, symmetric for capacity, which runs hundreds of simulations).
+  std::string card_model;
+  bool recalibrate = true;
+  double recalibrate_period_s = 0;
+  std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
 };
 
-experiments::TrainScenario scenario(const TrainArgs& a) {
+experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card_model) {
   experiments::TrainScenario s;
+  s.card_model = experiments::parse_card_model(
+      a.card_model.empty() ? default_card_model : a.card_model, "--card-model");
   s.shape = experiments::find_model(a.model);
   s.hw = sim::load_profile(a.hw);
   s.cards = a.cards;
   s.steps = a.steps;
   s.train = a.train;
   s.policy = a.policy;
+  s.u3m.recalibrate = a.recalibrate;
+  if (!(a.recalibrate_period_s >= 0))
+    input_error("--recalibrate-period",
+                "must be >= 0 seconds (0 = a tenth of the first step), got {}",
+                a.recalibrate_period_s);
+  s.u3m.recalibrate_period_s = a.recalibrate_period_s;
+  if (a.prefetch != "fixed" && a.prefetch != "link")
+    input_error("--prefetch", "expected fixed or link, got '{}'", a.prefetch);
+  s.u3m.jit_prefetch = a.prefetch == "link";
   s.validate();
   return s;
 }
@@ -59,6 +76,11 @@ nlohmann::json scenario_json(const experiments::TrainScenario& s) {
             {"ffn", s.shape.ffn},
             {"vocab", s.shape.vocab}}},
           {"cards", s.cards},
+          {"card_model", experiments::to_string(s.card_model)},
+          {"u3m_policy",
+           {{"recalibrate", s.u3m.recalibrate},
+            {"recalibrate_period_s", s.u3m.recalibrate_period_s},
+            {"prefetch", s.u3m.jit_prefetch ? "link" : "fixed"}}},
           {"zero3", s.cards > 1},
           {"steps_simulated", s.steps},
           {"micro_batch", t.micro_batch_size},
@@ -88,8 +110,20 @@ nlohmann::json result_json(const experiments::TrainResult& r) {
                    {"stall_s", double(f.stall_ns) * 1e-9},
                    {"missed_bytes", f.missed_bytes}});
   }
+  nlohmann::json cards = nlohmann::json::array();
+  for (const auto& c : r.cards) {
+    cards.push_back({{"card", c.card},
+                     {"shards", c.shards},
+                     {"step_s", c.step_s},
+                     {"barrier_s", c.barrier_s},
+                     {"stall_s", c.stall_s},
+                     {"compute_s", c.compute_s}});
+  }
   return {{"policy", r.policy},
           {"fits", r.fits},
+          {"card_model", experiments::to_string(r.card_model)},
+          {"cards", cards},
+          {"ssd_link", {{"bytes", r.ssd_link_bytes}, {"busy_s", r.ssd_link_busy_s}}},
           {"why", r.why},
           {"params", r.params},
           {"footprint_bytes", r.footprint},
@@ -112,6 +146,21 @@ std::string gb(double b) {
   return fmt::format("{:.1f} GB", b / 1e9);
 }
 
+// Per card: its step, and where its waiting went (separate cards only: one
+// symmetric card has nothing to wait for at the barriers).
+void print_cards(const experiments::TrainResult& r) {
+  if (!r.fits || r.card_model != experiments::CardModel::separate) return;
+  for (const auto& c : r.cards) {
+    fmt::print(
+        "    card {}{}: step {:.3f} s; over the run: waited at collectives {:.3f} s, stalled for "
+        "data {:.3f} s, computed {:.3f} s\n",
+        c.card, c.shards > 1 ? fmt::format(" ({} shards)", c.shards) : "", c.step_s, c.barrier_s,
+        c.stall_s, c.compute_s);
+  }
+  fmt::print("    shared SSD link (all cards' drives): {} over the run, busy {:.3f} s\n",
+             gb(double(r.ssd_link_bytes)), r.ssd_link_busy_s);
+}
+
 void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
   const auto f = experiments::CardFailure::parse(a.fail_card, s.cards, "--fail-card");
   const experiments::FailoverResult r = experiments::simulate_failover(s, f);
@@ -130,6 +179,10 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
                      {"run_s_no_failure", r.run_s_no_failure},
                      {"before", result_json(r.before)},
                      {"after", result_json(r.after)}};
+    if (!r.after_symmetric.policy.empty()) {
+      j["failover"]["after_symmetric"] = result_json(r.after_symmetric);
+      j["failover"]["slowdown_symmetric"] = r.slowdown_symmetric;
+    }
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -142,8 +195,19 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
                        what, t.step_s, 100 * t.loss, t.optimizer_on_host ? "host" : "device");
   };
   fmt::print("{}\n", line("before (every card):", r.before));
+  const bool separate = r.after.card_model == experiments::CardModel::separate;
   fmt::print("{}\n",
-             line(fmt::format("after (card {}, two shards):", r.neighbour).c_str(), r.after));
+             line(separate ? fmt::format("after ({} cards together):", s.cards - 1).c_str()
+                           : fmt::format("after (card {}, two shards):", r.neighbour).c_str(),
+                  r.after));
+  print_cards(r.after);
+  if (!r.after_symmetric.policy.empty()) {
+    fmt::print("{}\n", line(fmt::format("  symmetric: card {} alone:", r.neighbour).c_str(),
+                            r.after_symmetric));
+    if (r.before.fits && r.after_symmetric.fits)
+      fmt::print("  slowdown per step: {:.1f}% with the cards separate, {:.1f}% symmetric\n",
+                 100 * r.slowdown, 100 * r.slowdown_symmetric);
+  }
   fmt::print("  moving the failed card's shard ({}) over {}: {:.2f} s\n", gb(double(r.moved_bytes)),
              s.hw.peer_link.kind, r.move_s);
   if (r.before.fits && r.after.fits) {
@@ -159,7 +223,7 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
 }
 
 void run_sim(const TrainArgs& a) {
-  experiments::TrainScenario s = scenario(a);
+  experiments::TrainScenario s = scenario(a, "separate");
   if (!a.fail_card.empty()) return run_failover(a, s);
   experiments::TrainResult r = experiments::simulate_training(s);
   if (a.json) {
@@ -190,8 +254,12 @@ void run_sim(const TrainArgs& a) {
       gb(double(r.footprint)), gb(double(r.sim.peak_device)), gb(double(r.sim.peak_host)),
       gb(double(r.sim.peak_ssd)), r.optimizer_on_host ? "host CPU" : "device", r.recompute_layers,
       s.shape.layers);
-  fmt::print("  stall {:.3f} s over {} steps; transfer time hidden behind compute {:.0f}%\n",
-             r.stall_s, s.steps, 100 * r.hidden_fraction);
+  fmt::print("  stall {:.3f} s over {} steps; transfer time hidden behind compute {:.0f}%{}\n",
+             r.stall_s, s.steps, 100 * r.hidden_fraction,
+             r.card_model == experiments::CardModel::separate
+                 ? fmt::format(" (card {}, the last to finish the step)", r.sim_card)
+                 : "");
+  print_cards(r);
   fmt::print("  {:<5} {:>10} {:>10} {:>8}\n", "link", "bytes", "transfers", "busy s");
   for (int l = 0; l < engine::kNumLinks; ++l) {
     const auto& x = r.sim.links[l];
@@ -205,13 +273,17 @@ void run_sim(const TrainArgs& a) {
     fmt::print("    {:<40} {:>10} waited {:.3f} s over {} runs\n", f.name,
                gb(double(f.missed_bytes)), double(f.stall_ns) * 1e-9, f.steps);
   }
-  fmt::print("  links modelled: {}\n", r.sim.links_label);
+  fmt::print("  links modelled: {}{}\n", r.sim.links_label,
+             r.card_model == experiments::CardModel::separate
+                 ? fmt::format("; h2s/s2h: the {} cards' drives pooled into one link they share",
+                               r.cards.size())
+                 : "; h2s/s2h: one card's static share of the drives");
 }
 
 void run_capacity(const TrainArgs& a) {
   TrainArgs base = a;
   base.policy = "u3m";
-  experiments::TrainScenario s = scenario(base);
+  experiments::TrainScenario s = scenario(base, "symmetric");
   std::vector<std::string> pols;
   for (std::size_t b = 0; b <= a.policies.size();) {
     std::size_t e = a.policies.find(',', b);
@@ -444,6 +516,23 @@ void add_scenario_options(CLI::App* c, TrainArgs& a) {
   c->add_flag("--recompute", a.train.recompute, "Recompute activations per layer in backward");
   c->add_option("--steps", a.steps, "Steps simulated; the last is reported")->capture_default_str();
   c->add_flag("--json", a.json, "One JSON object with the scenario, the profile and the version");
+  c->add_option("--card-model", a.card_model,
+                "separate: all N cards simulated together (collectives are barriers, the cards' "
+                "SSD traffic shares one link; costs N simulations); symmetric: one card of N (its "
+                "SSD a static 1/N share). Default: separate for train sim, symmetric for train "
+                "capacity (hundreds of simulations)");
+  c->add_option("--recalibrate", a.recalibrate,
+                "u3m policy: recalibrate the heat thresholds during the run and demote cold "
+                "copies (docs/policy.md)")
+      ->capture_default_str();
+  c->add_option("--recalibrate-period", a.recalibrate_period_s,
+                "u3m policy: virtual seconds between recalibrations (0 = a tenth of the first "
+                "step)")
+      ->capture_default_str();
+  c->add_option("--prefetch", a.prefetch,
+                "u3m policy: fixed (what enters a 16-op predicted window) or link (just in time "
+                "for the link's transfer time; slower on the design scenario, docs/policy.md)")
+      ->capture_default_str();
 }
 
 }  // namespace

@@ -48,23 +48,98 @@ constexpr std::uint64_t kSsdPerCard = 3'500'000'000'000ull;
 
 }  // namespace
 
+CardModel parse_card_model(std::string_view text, std::string_view flag) {
+  if (text == "symmetric") return CardModel::symmetric;
+  if (text == "separate") return CardModel::separate;
+  input_error(flag, "unknown card model '{}' (expected separate or symmetric)", text);
+}
+
+const char* to_string(CardModel m) {
+  return m == CardModel::separate ? "separate" : "symmetric";
+}
+
 namespace {
 
-// One simulation with the optimizer placed as asked (for hbm-only and lru
-// always the device, for static-offload always the host).
-TrainResult simulate_once(const TrainScenario& s, bool host_optimizer) {
-  TrainResult r;
-  r.policy = s.policy;
-  r.recompute_layers =
-      s.train.recompute ? s.shape.layers : std::min(s.train.recompute_layers, s.shape.layers);
+// A simulated card: its index among the job's cards and its ZeRO-3 shards.
+struct CardSlot {
+  std::uint32_t card = 0, shards = 1;
+};
+
+// The cards a scenario simulates when none are given: symmetric, card 0
+// alone; separate, every card with one shard.
+std::vector<CardSlot> default_cards(const TrainScenario& s) {
+  std::vector<CardSlot> out;
+  const std::uint32_t n = s.card_model == CardModel::separate ? s.cards : 1;
+  for (std::uint32_t c = 0; c < n; ++c) out.push_back({c, s.train.zero3_shards});
+  return out;
+}
+
+// Note [Card models]
+// symmetric: one card of N is simulated; ZeRO-3's collectives are timed ops
+// on its card-to-card link, and its SSD link is a static 1/N share of the N
+// cards' drives. Every card is assumed to do the same at the same time.
+// separate: the N cards run on one clock (Note [Cards] in runner.hpp): each
+// waits at every collective for the slowest, and their SSD traffic queues on
+// one link with the N cards' drives pooled. For identical cards in phase the
+// two agree: the barriers cost nothing and N cards contending for N drives'
+// bandwidth get a 1/N share each. They differ where the cards differ (a
+// failed card's neighbour with two shards: the others wait for it at every
+// collective) or run out of phase (a card whose SSD transfer finds the link
+// idle gets all N drives' bandwidth).
+//
+// The cards' traces: one per shard count (cards with the same shards run the
+// same trace). Generated once per scenario and shared by both optimizer
+// placements, which simulate the same trace.
+struct Workload {
+  std::uint32_t shards = 1;
+  trace::Trace t;
+  std::vector<sim::Step> steps;
+};
+struct Workloads {
+  std::vector<std::unique_ptr<Workload>> loads;
+  std::vector<const Workload*> of;  // by card
+  std::uint64_t events = 0;         // trace events of all cards: what one simulation runs
+};
+
+Workloads make_workloads(const TrainScenario& s, const std::vector<CardSlot>& slots) {
+  Workloads out;
   workload::TrainConfig cfg = s.train;
   cfg.steps = s.steps;
   cfg.zero3_ranks = s.cards;
+  for (const CardSlot& c : slots) {
+    auto it = std::find_if(out.loads.begin(), out.loads.end(),
+                           [&c](const auto& w) { return w->shards == c.shards; });
+    if (it == out.loads.end()) {
+      auto w = std::make_unique<Workload>();
+      w->shards = c.shards;
+      workload::TrainConfig x = cfg;
+      x.zero3_shards = c.shards;
+      workload::generate_train(s.shape, x, w->t);
+      w->steps = sim::build_steps(w->t);
+      out.loads.push_back(std::move(w));
+      it = out.loads.end() - 1;
+    }
+    out.of.push_back(it->get());
+    out.events += (*it)->t.events.size();
+  }
+  return out;
+}
+
+// One simulation with the optimizer placed as asked (for hbm-only and lru
+// always the device, for static-offload always the host), of the cards
+// given (each its own trace by shard count, its own policy hooks).
+TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
+                          const std::vector<CardSlot>& slots, const Workloads& work) {
+  TrainResult r;
+  r.policy = s.policy;
+  r.card_model = s.card_model;
+  r.recompute_layers =
+      s.train.recompute ? s.shape.layers : std::min(s.train.recompute_layers, s.shape.layers);
   r.params = workload::analytic::param_count(s.shape);
-  trace::Trace t;
-  workload::generate_train(s.shape, cfg, t);
-  const std::vector<sim::Step> steps = sim::build_steps(t);
-  r.trace_events = t.events.size();
+  const bool separate = s.card_model == CardModel::separate;
+  const auto& loads = work.loads;
+  const auto& load_of = work.of;
+  r.trace_events = work.events;
 
   const sim::HwProfile& hw = s.hw;
   const double launch = hw.device.launch_overhead.si;
@@ -83,55 +158,109 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer) {
   sim::SimOptions o;
   o.device_budget = static_cast<std::uint64_t>(hw.device.hbm_capacity.si);
   o.host_budget = static_cast<std::uint64_t>(hw.host.dram_capacity.si);
-  o.links = sim::links_from_profile(hw, kSsdPerCard);
-  TrainPolicy pol = make_train_policy(s.policy, {t, steps, host_optimizer, o.links});
-  r.optimizer_on_host = pol.optimizer_on_host;
-  o.prefetch = pol.prefetch;
-  o.victim_score = pol.victim;
-  o.home_tier = pol.home;
-  const bool host_opt_on = pol.optimizer_on_host;
-  o.op_tier = [host_opt_on](const trace::Op& op) {
-    return host_opt_on && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
-  };
-  o.op_time = [&, host_opt_on](const trace::Op& op) {
-    return host_opt_on && op.phase == trace::Phase::optimizer ? host_time(op) : device_time(op);
-  };
-  r.footprint = engine::trace_footprint(t);
-  if (r.footprint > o.device_budget + o.host_budget + kSsdPerCard) {  // nothing makes this fit
-    r.why = fmt::format(
-        "the step needs {:.1f} GB per card at once; HBM + DRAM + SSD hold {:.1f} GB",
-        double(r.footprint) / 1e9, double(o.device_budget + o.host_budget + kSsdPerCard) / 1e9);
+  // separate: every card's SSD link is the same pooled link (Note [Card
+  // models]). The policy plans with a card's static share either way (what a
+  // card can count on when all are in phase), so both models decide alike.
+  const sim::SimTransportConfig share = sim::links_from_profile(hw, kSsdPerCard);
+  o.links = separate
+                ? sim::links_from_profile(hw, kSsdPerCard, static_cast<std::uint32_t>(slots.size()))
+                : share;
+  const std::uint64_t room = o.device_budget + o.host_budget + kSsdPerCard;
+  for (const auto& w : loads) {
+    r.footprint = std::max(r.footprint, engine::trace_footprint(w->t));
+  }
+  if (r.footprint > room) {  // nothing makes this fit
+    r.why =
+        fmt::format("the step needs {:.1f} GB per card at once; HBM + DRAM + SSD hold {:.1f} GB",
+                    double(r.footprint) / 1e9, double(room) / 1e9);
     return r;
   }
-  r.sim = sim::simulate_trace(t, steps, o);
-  if (!r.sim.ok()) {
-    r.why = r.sim.first_error;
+  std::vector<sim::CardSpec> specs;
+  for (std::size_t c = 0; c < slots.size(); ++c) {
+    const Workload& w = *load_of[c];
+    // Hooks per card: a policy's predictor and heat state are the card's own.
+    TrainPolicy pol = make_train_policy(s.policy, {w.t, w.steps, host_optimizer, share, s.u3m});
+    r.optimizer_on_host = pol.optimizer_on_host;
+    sim::SimOptions co = o;
+    co.prefetch = pol.prefetch;
+    co.victim_score = pol.victim;
+    co.home_tier = pol.home;
+    const bool host_opt_on = pol.optimizer_on_host;
+    co.op_tier = [host_opt_on](const trace::Op& op) {
+      return host_opt_on && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
+    };
+    co.op_time = [device_time, host_time, host_opt_on](const trace::Op& op) {
+      return host_opt_on && op.phase == trace::Phase::optimizer ? host_time(op) : device_time(op);
+    };
+    specs.push_back(sim::CardSpec{w.t, w.steps, std::move(co)});
+  }
+  sim::CardsReport run = sim::simulate_cards(specs, /*share_ssd=*/separate);
+  if (!run.ok()) {
+    for (const sim::SimReport& c : run.cards) {
+      if (!c.ok()) r.why = slots.size() > 1 ? run.first_error : c.first_error;
+    }
+    r.sim = run.cards[0];
     return r;
   }
   r.fits = true;
-  // The reported step: the last iteration, from the end of the one before.
-  const auto& ends = r.sim.iteration_end_ns;
+  // The job's step: the last iteration ends when every card has ended it.
   const std::uint32_t last = s.steps - 1;
+  auto end_of = [&run](std::size_t c, std::uint32_t it) -> std::uint64_t {
+    const auto& e = run.cards[c].iteration_end_ns;
+    return it < e.size() ? e[it] : 0;
+  };
+  std::size_t slowest = 0;
+  std::uint64_t end_last = 0, end_before = 0;
+  for (std::size_t c = 0; c < run.cards.size(); ++c) {
+    if (end_of(c, last) > end_last) {
+      end_last = end_of(c, last);
+      slowest = c;
+    }
+    if (last > 0) end_before = std::max(end_before, end_of(c, last - 1));
+  }
+  r.sim = run.cards[slowest];
+  r.sim_card = slots[slowest].card;
   // Infinite HBM needs no recompute: a checkpointed layer's second forward
   // (the generator's ".recompute" ops) is a price paid for memory, so it
-  // counts as loss, not as ideal work.
+  // counts as loss, not as ideal work. The job's ideal is its slowest card's.
   double ideal = 0;
-  for (const trace::Op& op : t.ops) {
-    if (op.iteration == last && !op.name.ends_with(".recompute")) ideal += device_time(op);
+  for (const auto& w : loads) {
+    double x = 0;
+    for (const trace::Op& op : w->t.ops) {
+      if (op.iteration == last && !op.name.ends_with(".recompute")) x += device_time(op);
+    }
+    ideal = std::max(ideal, x);
   }
   r.ideal_step_s = ideal;
-  r.step_s = ends.size() > last && last > 0
-                 ? static_cast<double>(ends[last] - ends[last - 1]) * 1e-9
-                 : static_cast<double>(r.sim.total_ns) * 1e-9;
+  r.step_s = end_last > 0 && last > 0 ? static_cast<double>(end_last - end_before) * 1e-9
+                                      : static_cast<double>(run.total_ns) * 1e-9;
   r.loss = r.step_s > 0 ? std::max(0.0, 1.0 - ideal / r.step_s) : 0.0;
-  r.tokens_per_s = r.step_s > 0 ? double(s.cards) * double(cfg.micro_batches) *
-                                      double(cfg.tokens_per_micro_batch()) / r.step_s
+  r.tokens_per_s = r.step_s > 0 ? double(s.cards) * double(s.train.micro_batches) *
+                                      double(s.train.tokens_per_micro_batch()) / r.step_s
                                 : 0.0;
   r.stall_s = static_cast<double>(r.sim.stall_ns) * 1e-9;
   double busy = 0;
   for (const auto& l : r.sim.links) busy += static_cast<double>(l.busy_ns);
   r.hidden_fraction =
       busy > 0 ? std::clamp(1.0 - static_cast<double>(r.sim.stall_ns) / busy, 0.0, 1.0) : 1.0;
+  for (std::size_t c = 0; c < run.cards.size(); ++c) {
+    const sim::SimReport& x = run.cards[c];
+    CardResult cr;
+    cr.card = slots[c].card;
+    cr.shards = slots[c].shards;
+    cr.step_s = last > 0 ? static_cast<double>(end_of(c, last) - end_of(c, last - 1)) * 1e-9
+                         : static_cast<double>(x.total_ns) * 1e-9;
+    cr.barrier_s = static_cast<double>(x.barrier_ns) * 1e-9;
+    cr.stall_s = static_cast<double>(x.stall_ns) * 1e-9;
+    cr.compute_s = static_cast<double>(x.compute_ns) * 1e-9;
+    r.cards.push_back(cr);
+  }
+  for (engine::Link l : {engine::Link::h2s, engine::Link::s2h}) {
+    const auto li = static_cast<int>(l);
+    const sim::SimLinkReport& x = separate ? run.ssd[li] : run.cards[0].links[li];
+    r.ssd_link_bytes += x.bytes;
+    r.ssd_link_busy_s += static_cast<double>(x.busy_ns) * 1e-9;
+  }
   return r;
 }
 
@@ -155,10 +284,13 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer) {
 // layer, the first half, or all of them (the first layers' activations wait
 // longest for backward, so they are checkpointed first), unless the user
 // asked for --recompute. The baselines do what they are told.
-TrainResult simulate_training(const TrainScenario& s) {
+namespace {
+
+TrainResult simulate_cards_policy(const TrainScenario& s, const std::vector<CardSlot>& slots) {
   s.validate();
-  if (s.policy == "hbm-only" || s.policy == "lru") return simulate_once(s, false);
-  if (s.policy == "static-offload") return simulate_once(s, true);
+  if (s.policy == "hbm-only" || s.policy == "lru")
+    return simulate_once(s, false, slots, make_workloads(s, slots));
+  if (s.policy == "static-offload") return simulate_once(s, true, slots, make_workloads(s, slots));
   std::vector<std::uint32_t> choices = {s.train.recompute_layers};
   if (!s.train.recompute && s.train.recompute_layers == 0)
     choices = {0, s.shape.layers / 2, s.shape.layers};
@@ -167,14 +299,21 @@ TrainResult simulate_training(const TrainScenario& s) {
   for (std::uint32_t k : choices) {
     TrainScenario x = s;
     x.train.recompute_layers = k;
+    const Workloads work = make_workloads(x, slots);
     for (bool host : {false, true}) {
-      TrainResult r = simulate_once(x, host);
+      TrainResult r = simulate_once(x, host, slots, work);
       events += r.trace_events;
       if (!best || (r.fits && (!best->fits || r.step_s < best->step_s))) best = std::move(r);
     }
   }
   best->trace_events = events;
   return *best;
+}
+
+}  // namespace
+
+TrainResult simulate_training(const TrainScenario& s) {
+  return simulate_cards_policy(s, default_cards(s));
 }
 
 CardFailure CardFailure::parse(std::string_view text, std::uint32_t cards, std::string_view flag) {
@@ -206,29 +345,45 @@ CardFailure CardFailure::parse(std::string_view text, std::uint32_t cards, std::
 // (K+1 mod N) over the card-to-card link, and training goes on with N-1
 // cards, each still running its own micro-batches (the global batch shrinks
 // by 1/N; keeping it would add 1/(N-1) more compute to every card, a choice
-// the user makes, not the memory system). Every card then waits at each
-// collective for the neighbour, which holds two shards: twice the sharded
-// state in its tiers and twice the optimizer work. So the step time after the
-// failure is the neighbour's, simulated with zero3_shards = 2 (with 2 cards:
-// unsharded, alone) under the same
-// policy (which re-plans, e.g. where the optimizer runs). The move itself
-// costs the shard's bytes at the link's practical bandwidth; we assume the
-// shard is readable (a peer's redundant copy, as the design assumes), not
-// reloaded from a checkpoint.
+// the user makes, not the memory system). The neighbour then holds two
+// shards (zero3_shards = 2: twice the sharded state in its tiers and twice
+// the optimizer work; collective traffic is unchanged). With separate cards
+// (Note [Card models]) the N-1 survivors are simulated together, the
+// neighbour with two shards and the others with one, and the others' wait
+// at the collectives shows the straggler; symmetric (and, with separate
+// cards, also as the comparison) takes the neighbour's step, simulated alone,
+// as every card's, since all wait for it at each collective. With 2 cards the
+// survivor holds the whole state, unsharded, alone. Either way the policy
+// re-plans (e.g. where the optimizer runs). The move itself costs the
+// shard's bytes at the link's practical bandwidth; we assume the shard is
+// readable (a peer's redundant copy, as the design assumes), not reloaded
+// from a checkpoint.
 FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f) {
   s.validate();
   FailoverResult r;
   r.failure = f;
   r.neighbour = (f.card + 1) % s.cards;
   r.before = simulate_training(s);
-  TrainScenario after = s;
+  // The neighbour alone, with two shards (the symmetric estimate).
+  TrainScenario alone = s;
+  alone.card_model = CardModel::symmetric;
   if (s.cards == 2) {
-    after.cards = 1;  // the survivor holds the whole state: no sharding left
+    alone.cards = 1;  // the survivor holds the whole state: no sharding left
   } else {
-    after.train.zero3_shards = 2;
+    alone.train.zero3_shards = 2;
   }
-  after.train.zero3_ranks = after.cards;  // as simulate_training sets it, for validate()
-  r.after = simulate_training(after);
+  alone.train.zero3_ranks = alone.cards;  // as simulate_training sets it, for validate()
+  TrainResult symmetric = simulate_training(alone);
+  if (s.card_model == CardModel::separate && s.cards > 2) {
+    std::vector<CardSlot> survivors;
+    for (std::uint32_t c = 0; c < s.cards; ++c) {
+      if (c != f.card) survivors.push_back({c, c == r.neighbour ? 2u : 1u});
+    }
+    r.after = simulate_cards_policy(s, survivors);
+    r.after_symmetric = std::move(symmetric);
+  } else {
+    r.after = std::move(symmetric);  // with 2 cards: one card either way
+  }
   workload::TrainConfig one = s.train;
   one.zero3_ranks = s.cards;
   const workload::analytic::TrainBytes b = workload::analytic::train_bytes(s.shape, one);
@@ -244,6 +399,8 @@ FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f) {
     r.run_s_no_failure = double(f.step + kFailoverRunSteps) * r.before.step_s;
     r.run_s = double(f.step) * r.before.step_s + r.move_s + kFailoverRunSteps * r.after.step_s;
   }
+  if (r.before.fits && r.after_symmetric.fits && r.before.step_s > 0)
+    r.slowdown_symmetric = r.after_symmetric.step_s / r.before.step_s - 1;
   return r;
 }
 

@@ -4,6 +4,9 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -65,38 +68,53 @@ OpTimeFn compute_model(const SimOptions& o) {
 // Each step acquires every tensor it touches on the device with try_acquire
 // (a write lease if it writes the tensor or the tensor holds no data yet, as
 // replay does), which never blocks: a busy answer has scheduled the demand
-// fetch or the eviction that makes room. While any is busy, virtual time
-// jumps to the next event (a transfer completion, which lets the engine
-// start more); that time is stall. Then the op's compute time passes, with
-// transfers completing meanwhile (overlap), and the leases are released. A
-// step that can make no progress (nothing granted, no transfer pending, no
-// eviction made) cannot run within the budgets: the run stops and says why.
+// fetch or the eviction that makes room. While any is busy, the card waits
+// for its transport's next completion (which lets the engine start more);
+// that time is stall. Then the op's compute time passes, with transfers
+// completing meanwhile (overlap; completions due exactly at its end run
+// before it ends), and the leases are released. A step that can make no
+// progress (nothing granted, nothing in flight, no eviction made) cannot run
+// within the budgets: the run stops and says why.
 //
 // The prefetch hook runs once the step holds its leases, not before: the
 // room a prefetch makes is taken from least recently used copies, and
 // before the acquire the step's own inputs (often a copy an earlier
 // prefetch brought, touched only when it landed) rank among the oldest, so
 // prefetching first evicted exactly what the step was about to read.
+//
+// The loop is a state machine per card (Card::advance runs what it can at
+// the current instant and says what it waits for: its transport's next
+// completion, the end of its compute, or a barrier), and one driver
+// (simulate_cards) moves the clock for all cards: Note [Cards] in runner.hpp.
 class Simulation final : public PrefetchContext {
  public:
+  enum class Wait { event, compute, barrier, done };
+
   Simulation(const trace::Trace& trace, const std::vector<Step>& steps, engine::Engine& eng,
-             VirtualTime& vt)
+             VirtualTime& vt, const SimTransport& transport, const SimOptions& o, OpTimeFn op_time,
+             PrefetchHook hook, SimReport& rep)
       : trace_(trace),
         steps_(steps),
         eng_(eng),
         vt_(vt),
+        transport_(transport),
+        o_(o),
+        op_time_(std::move(op_time)),
+        hook_(std::move(hook)),
+        rep_(rep),
+        n_(o.max_steps ? std::min<std::size_t>(o.max_steps, steps.size()) : steps.size()),
         registered_(trace.tensors.size(), 0),
         has_data_(trace.tensors.size(), 0),
-        removing_(trace.tensors.size(), 0) {}
+        removing_(trace.tensors.size(), 0),
+        family_of_op_(trace.ops.size(), nullptr) {}
 
   const std::vector<Step>& steps() const override { return steps_; }
   const trace::Trace& trace() const override { return trace_; }
   const engine::Engine& engine() const override { return eng_; }
   std::uint64_t now_ns() const override { return vt_.now_ns(); }
   Tier step_tier(std::size_t step) const override {
-    return op_tier_ ? op_tier_(trace_.ops[steps_[step].op]) : Tier::device;
+    return o_.op_tier ? o_.op_tier(trace_.ops[steps_[step].op]) : Tier::device;
   }
-  void set_op_tier(std::function<Tier(const trace::Op&)> f) { op_tier_ = std::move(f); }
   void prefetch(std::uint32_t t) override {
     if (registered_[t] && has_data_[t] && !removing_[t]) eng_.prefetch(id(t), Tier::device);
   }
@@ -104,120 +122,63 @@ class Simulation final : public PrefetchContext {
     if (registered_[t] && has_data_[t] && !removing_[t]) eng_.evict(id(t), from);
   }
 
-  // A step that only creates tensors, with a home for each: created one at a
-  // time where they rest (SimOptions::home_tier). Returns "" or why not.
-  std::string materialize(std::size_t j, const std::function<Tier(const trace::Tensor&)>& home) {
-    const Step& s = steps_[j];
-    for (const Touch& t : s.touches) {
-      ensure(t.tensor);
-      Lease l;
-      for (;;) {
-        const engine::Status st =
-            eng_.try_acquire(id(t.tensor), home(trace_.tensors[t.tensor]), Access::write, &l);
-        if (mem::ok(st)) break;
-        if (st != engine::Status::busy || !vt_.run_next())
-          return fmt::format("step {}: cannot create '{}' in its home tier: {}", j,
-                             trace_.tensors[t.tensor].name, mem::to_string(st));
+  // Runs what the card can at the current instant (no time passes) and says
+  // what it waits for.
+  Wait advance() {
+    for (;;) {
+      switch (phase_) {
+        case Phase::done:
+          return Wait::done;
+        case Phase::barrier:
+          return Wait::barrier;
+        case Phase::computing:
+          if (!solo_) return Wait::compute;  // the driver calls end_compute()
+          vt_.run_until(end_);               // alone on the clock: what the driver would do
+          end_compute();
+          continue;
+        case Phase::next:
+          if (j_ == n_ || rep_.errors) {
+            phase_ = Phase::done;
+            rep_.total_ns = vt_.now_ns();
+            return Wait::done;
+          }
+          begin_step();
+          continue;
+        case Phase::materializing:
+          if (waiting_ && transport_.completed() == seen_) return Wait::event;
+          waiting_ = false;
+          if (!materialize_pass()) return Wait::event;
+          continue;
+        case Phase::acquiring:
+          if (waiting_ && transport_.completed() == seen_) return Wait::event;
+          waiting_ = false;
+          if (!acquire_pass()) return Wait::event;
+          continue;
       }
-      eng_.release(l);
-      has_data_[t.tensor] = 1;
     }
-    return {};
-  }
-  bool creates_only(std::size_t j) const {
-    const Step& s = steps_[j];
-    if (s.touches.empty()) return false;
-    for (const Touch& t : s.touches) {
-      if (!t.writes || has_data_[t.tensor]) return false;
-    }
-    return true;
   }
 
-  // Runs one step; returns "" or why it could not run.
-  std::string run_step(std::size_t j, const OpTimeFn& op_time, const PrefetchHook& hook,
-                       const std::function<Tier(const trace::Op&)>& op_tier, SimReport& rep) {
-    const Step& s = steps_[j];
+  // At a barrier: since when. The driver releases every card at once.
+  std::uint64_t barrier_since() const { return barrier_since_; }
+  void leave_barrier() {
+    rep_.barrier_ns += vt_.now_ns() - barrier_since_;
+    start_compute();
+  }
+  std::uint64_t compute_end() const { return end_; }
+  // The only card on the clock: it moves the clock itself where the driver
+  // would (a run_until to the end of compute, a run_next while it waits),
+  // which spares the driver a round per step on the hot single-card path.
+  void set_solo(bool solo) { solo_ = solo; }
+  // The op's compute time has passed (the driver ran every event due by then).
+  void end_compute() {
+    const Step& s = steps_[j_];
     const trace::Op& op = trace_.ops[s.op];
-    const Tier tier = op_tier ? op_tier(op) : Tier::device;
-    OpFamilyReport& fam = family(op.name);
-    ++fam.steps;
-    leases_.assign(s.touches.size(), Lease{});
-    missed_.assign(s.touches.size(), 0);
-    std::size_t held = 0;
-    for (const Touch& t : s.touches) ensure(t.tensor);
-    const std::uint64_t t0 = vt_.now_ns();
-    std::string error;
-    auto cannot_place = [&](const char* why) {
-      std::uint64_t need = 0;
-      for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
-      return fmt::format(
-          "step {} op '{}': its {} tensors ({} bytes) cannot all be placed on the device: {} "
-          "(device budget {} bytes, host budget {} bytes, SSD {} bytes)",
-          j, op.name, s.touches.size(), need, why, rep.device_budget, rep.host_budget,
-          rep.ssd_capacity);
-    };
-    if (tier == Tier::device) {
-      std::uint64_t need = 0;
-      for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
-      if (need > rep.device_budget) error = cannot_place("together they exceed the budget");
+    if (op.job == 0) {
+      if (rep_.iteration_end_ns.size() <= op.iteration)
+        rep_.iteration_end_ns.resize(op.iteration + 1, 0);
+      rep_.iteration_end_ns[op.iteration] = vt_.now_ns();
     }
-    // Note [No progress]: the step's own tensors can evict each other when
-    // they fit only without the space the others' copies take in flight, so
-    // fetches complete forever and nothing is granted. A bound on events
-    // without a grant ends such a step with an error instead of a hang; it
-    // is far above any real wait (the queues ahead of a demand fetch).
-    constexpr std::uint64_t kMaxEventsWithoutGrant = 200'000;
-    std::uint64_t since_grant = 0;
-    while (held < s.touches.size() && error.empty()) {
-      const std::uint64_t evictions = eng_.evictions();
-      bool granted = false;
-      for (std::size_t i = 0; i < s.touches.size(); ++i) {
-        if (leases_[i]) continue;
-        const Touch& t = s.touches[i];
-        const Access a = t.writes || !has_data_[t.tensor] ? Access::write : Access::read;
-        const engine::Status st = eng_.try_acquire(id(t.tensor), tier, a, &leases_[i]);
-        if (mem::ok(st)) {
-          ++held;
-          granted = true;
-        } else if (st == engine::Status::busy) {
-          if (!missed_[i]) fam.missed_bytes += trace_.tensors[t.tensor].bytes;
-          missed_[i] = 1;
-        } else {
-          error = fmt::format("step {} op '{}' tensor '{}': {}", j, op.name,
-                              trace_.tensors[t.tensor].name, mem::to_string(st));
-          break;
-        }
-      }
-      if (held == s.touches.size() || !error.empty()) break;
-      since_grant = granted ? 0 : since_grant + 1;
-      if (since_grant > kMaxEventsWithoutGrant) {
-        error = cannot_place("they keep evicting each other (no progress in 200,000 events)");
-        break;
-      }
-      if (vt_.run_next()) continue;  // wait for the next completion: stall
-      if (!granted && eng_.evictions() == evictions)
-        error = cannot_place("nothing is in flight and nothing more can be evicted");
-    }
-    rep.stall_ns += vt_.now_ns() - t0;
-    fam.stall_ns += vt_.now_ns() - t0;
-    if (error.empty()) {
-      hook(j, *this);  // with this step's tensors pinned: Note [Simulation loop]
-      const std::uint64_t dt = seconds_to_ns(op_time(op), op);
-      vt_.run_until(vt_.now_ns() + dt);
-      rep.compute_ns += dt;
-      fam.compute_ns += dt;
-      if (op.job == 0) {
-        if (rep.iteration_end_ns.size() <= op.iteration)
-          rep.iteration_end_ns.resize(op.iteration + 1, 0);
-        rep.iteration_end_ns[op.iteration] = vt_.now_ns();
-      }
-    }
-    for (std::size_t i = 0; i < s.touches.size(); ++i) {
-      if (!leases_[i]) continue;
-      eng_.release(leases_[i]);
-      if (error.empty()) has_data_[s.touches[i].tensor] = 1;
-    }
-    if (!error.empty()) return error;
+    release_leases(true);
     for (std::uint32_t t : s.frees) {
       if (registered_[t] && !removing_[t]) {
         removing_[t] = 1;
@@ -225,7 +186,14 @@ class Simulation final : public PrefetchContext {
       }
     }
     retry_removals();
-    return {};
+    finish_step();
+  }
+  // Another card failed: the run stops here, with this card's leases returned.
+  void abort() {
+    if (phase_ == Phase::done) return;
+    release_leases(false);
+    phase_ = Phase::done;
+    rep_.total_ns = vt_.now_ns();
   }
 
   // A freed tensor may still be moving (a write-back in flight): the engine
@@ -253,7 +221,203 @@ class Simulation final : public PrefetchContext {
   }
 
  private:
+  enum class Phase { next, materializing, acquiring, barrier, computing, done };
   static engine::TensorId id(std::uint32_t t) { return engine_id(t); }
+
+  bool creates_only(std::size_t j) const {
+    const Step& s = steps_[j];
+    if (s.touches.empty()) return false;
+    for (const Touch& t : s.touches) {
+      if (!t.writes || has_data_[t.tensor]) return false;
+    }
+    return true;
+  }
+
+  void begin_step() {
+    waiting_ = false;
+    if (o_.home_tier && creates_only(j_)) {
+      phase_ = Phase::materializing;
+      mat_i_ = 0;
+      mat_ensured_ = false;
+      return;
+    }
+    const Step& s = steps_[j_];
+    const trace::Op& op = trace_.ops[s.op];
+    tier_ = o_.op_tier ? o_.op_tier(op) : Tier::device;
+    // Once per op, not per step: the key is a string built from the name.
+    OpFamilyReport*& f = family_of_op_[s.op];
+    if (f == nullptr) f = &family(op.name);  // map nodes do not move
+    fam_ = f;
+    ++fam_->steps;
+    leases_.assign(s.touches.size(), Lease{});
+    missed_.assign(s.touches.size(), 0);
+    held_ = 0;
+    since_grant_ = 0;
+    for (const Touch& t : s.touches) ensure(t.tensor);
+    t0_ = vt_.now_ns();
+    phase_ = Phase::acquiring;
+    if (tier_ == Tier::device) {
+      std::uint64_t need = 0;
+      for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
+      if (need > rep_.device_budget)
+        acquire_failed(cannot_place("together they exceed the budget"));
+    }
+  }
+
+  // A step that only creates tensors, with a home for each: created one at a
+  // time where they rest (SimOptions::home_tier). False: waits for a completion.
+  bool materialize_pass() {
+    const Step& s = steps_[j_];
+    for (; mat_i_ < s.touches.size(); ++mat_i_, mat_ensured_ = false) {
+      const Touch& t = s.touches[mat_i_];
+      if (!mat_ensured_) ensure(t.tensor);
+      mat_ensured_ = true;
+      Lease l;
+      for (;;) {
+        const engine::Status st = eng_.try_acquire(
+            id(t.tensor), o_.home_tier(trace_.tensors[t.tensor]), Access::write, &l);
+        if (mem::ok(st)) break;
+        if (st != engine::Status::busy || transport_.in_flight() == 0) {
+          fail(fmt::format("step {}: cannot create '{}' in its home tier: {}", j_,
+                           trace_.tensors[t.tensor].name, mem::to_string(st)));
+          return true;
+        }
+        if (!solo_) return wait();
+        vt_.run_next();
+      }
+      eng_.release(l);
+      has_data_[t.tensor] = 1;
+    }
+    finish_step();
+    return true;
+  }
+
+  // Note [No progress]: the step's own tensors can evict each other when
+  // they fit only without the space the others' copies take in flight, so
+  // fetches complete forever and nothing is granted. A bound on completions
+  // without a grant ends such a step with an error instead of a hang; it is
+  // far above any real wait (the queues ahead of a demand fetch).
+  static constexpr std::uint64_t kMaxEventsWithoutGrant = 200'000;
+
+  // One pass over the step's tensors. False: waits for a completion.
+  bool acquire_pass() {
+    const Step& s = steps_[j_];
+    const trace::Op& op = trace_.ops[s.op];
+    for (;;) {
+      const std::uint64_t evictions = eng_.evictions();
+      bool granted = false;
+      for (std::size_t i = 0; i < s.touches.size(); ++i) {
+        if (leases_[i]) continue;
+        const Touch& t = s.touches[i];
+        const Access a = t.writes || !has_data_[t.tensor] ? Access::write : Access::read;
+        const engine::Status st = eng_.try_acquire(id(t.tensor), tier_, a, &leases_[i]);
+        if (mem::ok(st)) {
+          ++held_;
+          granted = true;
+        } else if (st == engine::Status::busy) {
+          if (!missed_[i]) fam_->missed_bytes += trace_.tensors[t.tensor].bytes;
+          missed_[i] = 1;
+        } else {
+          acquire_failed(fmt::format("step {} op '{}' tensor '{}': {}", j_, op.name,
+                                     trace_.tensors[t.tensor].name, mem::to_string(st)));
+          return true;
+        }
+      }
+      if (held_ == s.touches.size()) {
+        acquired();
+        return true;
+      }
+      since_grant_ = granted ? 0 : since_grant_ + 1;
+      if (since_grant_ > kMaxEventsWithoutGrant) {
+        acquire_failed(
+            cannot_place("they keep evicting each other (no progress in 200,000 events)"));
+        return true;
+      }
+      if (transport_.in_flight() > 0) {  // the next completion: stall
+        if (!solo_) return wait();
+        vt_.run_next();  // alone on the clock, every event is this card's
+        continue;
+      }
+      if (!granted && eng_.evictions() == evictions) {
+        acquire_failed(cannot_place("nothing is in flight and nothing more can be evicted"));
+        return true;
+      }
+    }
+  }
+
+  bool wait() {
+    waiting_ = true;
+    seen_ = transport_.completed();
+    return false;
+  }
+
+  // Holds its tensors: the stall ends, the hook runs with them pinned
+  // (Note [Simulation loop]), then a collective waits for the other cards.
+  void acquired() {
+    add_stall();
+    hook_(j_, *this);
+    if (trace_.ops[steps_[j_].op].cls == trace::OpClass::collective) {
+      ++rep_.collectives;
+      if (solo_) return start_compute();  // nobody to wait for
+      barrier_since_ = vt_.now_ns();
+      phase_ = Phase::barrier;
+      return;
+    }
+    start_compute();
+  }
+
+  void start_compute() {
+    const trace::Op& op = trace_.ops[steps_[j_].op];
+    const std::uint64_t dt = seconds_to_ns(op_time_(op), op);
+    rep_.compute_ns += dt;
+    fam_->compute_ns += dt;
+    end_ = vt_.now_ns() + dt;
+    phase_ = Phase::computing;
+  }
+
+  void add_stall() {
+    rep_.stall_ns += vt_.now_ns() - t0_;
+    fam_->stall_ns += vt_.now_ns() - t0_;
+  }
+
+  void acquire_failed(std::string why) {
+    add_stall();
+    release_leases(false);
+    fail(std::move(why));
+  }
+
+  void fail(std::string why) {
+    ++rep_.errors;
+    rep_.first_error = std::move(why);
+    phase_ = Phase::next;  // advance() ends the card
+  }
+
+  void finish_step() {
+    ++rep_.steps;
+    ++j_;
+    phase_ = Phase::next;
+  }
+
+  // leases_ is empty outside a step (its index is the step's touch).
+  void release_leases(bool wrote) {
+    for (std::size_t i = 0; i < leases_.size(); ++i) {
+      if (!leases_[i]) continue;
+      eng_.release(leases_[i]);
+      if (wrote) has_data_[steps_[j_].touches[i].tensor] = 1;
+    }
+    leases_.clear();
+  }
+
+  std::string cannot_place(const char* why) const {
+    const Step& s = steps_[j_];
+    std::uint64_t need = 0;
+    for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
+    return fmt::format(
+        "step {} op '{}': its {} tensors ({} bytes) cannot all be placed on the device: {} "
+        "(device budget {} bytes, host budget {} bytes, SSD {} bytes)",
+        j_, trace_.ops[s.op].name, s.touches.size(), need, why, rep_.device_budget,
+        rep_.host_budget, rep_.ssd_capacity);
+  }
 
   // "layer_12.attn.q_proj" -> "layer_*.attn.q_proj": one family per op kind.
   // Once per step: the key is built in a reused buffer (op names outgrow the
@@ -300,16 +464,211 @@ class Simulation final : public PrefetchContext {
   const std::vector<Step>& steps_;
   engine::Engine& eng_;
   VirtualTime& vt_;
+  const SimTransport& transport_;
+  const SimOptions& o_;
+  const OpTimeFn op_time_;
+  const PrefetchHook hook_;
+  SimReport& rep_;
+  const std::size_t n_;
   std::vector<std::uint8_t> registered_, has_data_, removing_;
   std::vector<std::uint32_t> removals_;
+  std::unordered_map<std::string, OpFamilyReport> families_;  // families() sorts them
+  std::vector<OpFamilyReport*> family_of_op_;                 // by op index, filled on first use
+  std::string key_;
+
+  // The step in progress.
+  Phase phase_ = Phase::next;
+  std::size_t j_ = 0;
+  Tier tier_ = Tier::device;
+  OpFamilyReport* fam_ = nullptr;
   std::vector<Lease> leases_;
   std::vector<std::uint8_t> missed_;
-  std::unordered_map<std::string, OpFamilyReport> families_;  // families() sorts them
-  std::string key_;
-  std::function<Tier(const trace::Op&)> op_tier_;
+  std::size_t held_ = 0, mat_i_ = 0;
+  bool mat_ensured_ = false;
+  std::uint64_t since_grant_ = 0, t0_ = 0, end_ = 0, barrier_since_ = 0;
+  bool solo_ = false;
+  bool waiting_ = false;  // for a completion of this card's transport after `seen_`
+  std::uint64_t seen_ = 0;
 };
 
+// One card's objects: the same pool setup as engine::replay_trace, over fake
+// addresses. Members in construction order (each refers to those above).
+struct Card {
+  Card(const CardSpec& spec, VirtualTime& vt, SharedLinks* ssd)
+      : options(spec.options),
+        transport(vt, options.links, ssd),
+        source(2 * mem::MiB, 0, /*vmm=*/true),
+        pool(source, pool_config(budgets(spec))),
+        host(report.host_budget),
+        eng(engine_config(), pool, host, transport, vt),
+        sim(spec.trace, spec.steps, eng, vt, transport, options, compute_model(options),
+            options.prefetch ? options.prefetch : lookahead_prefetch(options.lookahead), report) {
+    if (options.victim_score) eng.set_victim_score(options.victim_score);
+  }
+
+  // Fills the report's budgets; the pool's capacity follows the device budget.
+  const SimReport& budgets(const CardSpec& spec) {
+    report.tensors = spec.trace.tensors.size();
+    report.footprint = engine::trace_footprint(spec.trace);
+    const std::uint64_t fp = std::max<std::uint64_t>(report.footprint, 1);
+    report.device_budget =
+        options.device_budget
+            ? options.device_budget
+            : std::max<std::uint64_t>(static_cast<std::uint64_t>(options.device_fraction * fp), 1);
+    report.host_budget = options.host_budget ? options.host_budget : 2 * fp;
+    report.ssd_capacity = options.links.ssd_capacity;
+    report.links_label = options.links.describe();
+    return report;
+  }
+  static mem::PoolConfig pool_config(const SimReport& r) {
+    mem::PoolConfig pc;
+    pc.capacity = 2 * r.device_budget + 64 * mem::MiB;  // the pool's rounding slack
+    pc.expandable_segments = true;
+    return pc;
+  }
+  engine::EngineConfig engine_config() const {
+    engine::EngineConfig cfg = options.engine;
+    cfg.device.capacity = report.device_budget;
+    cfg.host.capacity = report.host_budget;
+    return cfg;
+  }
+
+  void fill_report(const VirtualTime& vt) {
+    SimReport& rep = report;
+    for (int l = 0; l < kNumLinks; ++l) {
+      const SimLinkStats& s = transport.link(static_cast<engine::Link>(l));
+      rep.links[l] = SimLinkReport{s.transfers, s.bytes, s.failures, s.busy_ns, s.queue_ns};
+    }
+    rep.drain_ns = vt.now_ns() - rep.total_ns;
+    rep.engine = eng.stats();
+    rep.peak_device = rep.engine.peak[static_cast<int>(Tier::device)];
+    rep.peak_host = rep.engine.peak[static_cast<int>(Tier::host)];
+    rep.peak_ssd = transport.ssd_peak();
+    rep.events = vt.events_run();
+    rep.op_families = sim.families();
+  }
+
+  SimReport report;  // first: the members below are built from its budgets
+  const SimOptions options;
+  SimTransport transport;
+  mem::VirtualSegmentSource source;
+  mem::DevicePool pool;
+  SimHost host;
+  engine::Engine eng;
+  Simulation sim;
+};
+
+void check_shared_ssd(const std::vector<CardSpec>& cards) {
+  const SimTransportConfig& a = cards[0].options.links;
+  for (std::size_t c = 1; c < cards.size(); ++c) {
+    const SimTransportConfig& b = cards[c].options.links;
+    for (engine::Link l : {engine::Link::h2s, engine::Link::s2h}) {
+      const LinkModel& x = a.links[static_cast<int>(l)];
+      const LinkModel& y = b.links[static_cast<int>(l)];
+      if (x.bandwidth != y.bandwidth || x.latency_s != y.latency_s || a.ssd_shared != b.ssd_shared)
+        input_error("simulate_cards",
+                    "card {}: its {} link differs from card 0's, but the SSD link is shared", c,
+                    engine::to_string(l));
+    }
+  }
+}
+
 }  // namespace
+
+CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
+  if (specs.empty()) input_error("simulate_cards", "no cards");
+  if (share_ssd) check_shared_ssd(specs);
+  CardsReport out;
+  out.shared_ssd = share_ssd;
+  VirtualTime vt;
+  SharedLinks ssd;  // outlives the transports
+  std::vector<std::unique_ptr<Card>> cards;
+  // Destroyed before the cards: runs every scheduled completion, so an
+  // engine's destructor (which waits for transfers in flight) never waits
+  // on a clock nobody advances, even when a step throws.
+  struct RunEmpty {
+    VirtualTime& vt;
+    ~RunEmpty() { vt.run_all(); }
+  } run_empty{vt};
+  for (std::size_t c = 0; c < specs.size(); ++c) {
+    try {
+      cards.push_back(std::make_unique<Card>(specs[c], vt, share_ssd ? &ssd : nullptr));
+    } catch (const InputError& e) {
+      if (specs.size() == 1) throw;
+      input_error("simulate_cards", "card {}: {}", c, e.what());
+    }
+  }
+
+  if (cards.size() == 1) cards[0]->sim.set_solo(true);
+  std::vector<Simulation::Wait> wait(cards.size());
+  for (;;) {
+    bool all_done = true, failed = false, all_at_barrier = true;
+    for (std::size_t c = 0; c < cards.size(); ++c) {
+      wait[c] = cards[c]->sim.advance();
+      if (wait[c] != Simulation::Wait::done) all_done = false;
+      if (wait[c] != Simulation::Wait::done && wait[c] != Simulation::Wait::barrier)
+        all_at_barrier = false;
+      failed = failed || cards[c]->report.errors;
+    }
+    if (failed) {
+      for (auto& card : cards) card->sim.abort();
+      break;
+    }
+    if (all_done) break;
+    if (all_at_barrier) {  // every card still running reached the collective
+      for (std::size_t c = 0; c < cards.size(); ++c) {
+        if (wait[c] == Simulation::Wait::barrier) cards[c]->sim.leave_barrier();
+      }
+      continue;
+    }
+    // The clock moves to the earliest completion or end of compute; a
+    // completion due exactly when compute ends runs first.
+    std::optional<std::uint64_t> end;
+    for (std::size_t c = 0; c < cards.size(); ++c) {
+      if (wait[c] == Simulation::Wait::compute && (!end || cards[c]->sim.compute_end() < *end))
+        end = cards[c]->sim.compute_end();
+    }
+    bool event_waiter = false;
+    for (Simulation::Wait w : wait) event_waiter = event_waiter || w == Simulation::Wait::event;
+    // Nobody reacts to a completion before the compute ends: run them all
+    // at once (a run_until, the hot path of one card computing).
+    const std::optional<std::uint64_t> next = event_waiter ? vt.next_time() : std::nullopt;
+    if (next && (!end || *next <= *end)) {
+      vt.run_next();
+    } else if (end) {
+      vt.run_until(*end);
+      for (std::size_t c = 0; c < cards.size(); ++c) {
+        if (wait[c] == Simulation::Wait::compute && cards[c]->sim.compute_end() == *end)
+          cards[c]->sim.end_compute();
+      }
+    } else {
+      // A card waiting for a completion has one in flight (else it ends
+      // itself), and barriers open once every running card is there.
+      throw std::logic_error("simulate_cards: cards wait, but nothing is scheduled");
+    }
+  }
+  for (const auto& card : cards) out.total_ns = std::max(out.total_ns, card->report.total_ns);
+  vt.run_all();
+  for (auto& card : cards) card->sim.retry_removals();
+  vt.run_all();
+
+  for (std::size_t c = 0; c < cards.size(); ++c) {
+    Card& card = *cards[c];
+    card.fill_report(vt);
+    if (card.report.errors && !out.errors) {
+      out.errors = card.report.errors;
+      out.first_error = fmt::format("card {}: {}", c, card.report.first_error);
+    }
+    out.cards.push_back(card.report);
+  }
+  for (engine::Link l : {engine::Link::h2s, engine::Link::s2h}) {
+    const SimLinkStats& s = ssd.stats[static_cast<int>(l)];
+    out.ssd[static_cast<int>(l)] =
+        SimLinkReport{s.transfers, s.bytes, s.failures, s.busy_ns, s.queue_ns};
+  }
+  out.events = vt.events_run();
+  return out;
+}
 
 SimReport simulate_trace(const trace::Trace& trace, const SimOptions& o) {
   return simulate_trace(trace, build_steps(trace), o);
@@ -317,74 +676,9 @@ SimReport simulate_trace(const trace::Trace& trace, const SimOptions& o) {
 
 SimReport simulate_trace(const trace::Trace& trace, const std::vector<Step>& steps,
                          const SimOptions& o) {
-  SimReport rep;
-  const OpTimeFn op_time = compute_model(o);
-  const PrefetchHook hook = o.prefetch ? o.prefetch : lookahead_prefetch(o.lookahead);
-
-  rep.tensors = trace.tensors.size();
-  rep.footprint = engine::trace_footprint(trace);
-  const std::uint64_t fp = std::max<std::uint64_t>(rep.footprint, 1);
-  rep.device_budget = o.device_budget ? o.device_budget
-                                      : std::max<std::uint64_t>(
-                                            static_cast<std::uint64_t>(o.device_fraction * fp), 1);
-  rep.host_budget = o.host_budget ? o.host_budget : 2 * fp;
-  rep.ssd_capacity = o.links.ssd_capacity;
-  rep.links_label = o.links.describe();
-
-  // The same pool setup as engine::replay_trace, over fake addresses.
-  VirtualTime vt;
-  SimTransport transport(vt, o.links);
-  mem::VirtualSegmentSource source(2 * mem::MiB, 0, /*vmm=*/true);
-  mem::PoolConfig pc;
-  pc.capacity = 2 * rep.device_budget + 64 * mem::MiB;  // the pool's rounding slack
-  pc.expandable_segments = true;
-  mem::DevicePool pool(source, pc);
-  SimHost host(rep.host_budget);
-  engine::EngineConfig cfg = o.engine;
-  cfg.device.capacity = rep.device_budget;
-  cfg.host.capacity = rep.host_budget;
-  engine::Engine eng(cfg, pool, host, transport, vt);
-  if (o.victim_score) eng.set_victim_score(o.victim_score);
-  // Destroyed before the engine: runs every scheduled completion, so the
-  // engine's destructor (which waits for transfers in flight) never waits on
-  // a clock nobody advances, even when a step throws.
-  struct RunEmpty {
-    VirtualTime& vt;
-    ~RunEmpty() { vt.run_all(); }
-  } run_empty{vt};
-
-  Simulation sim(trace, steps, eng, vt);
-  sim.set_op_tier(o.op_tier);
-  const std::size_t n =
-      o.max_steps ? std::min<std::size_t>(o.max_steps, steps.size()) : steps.size();
-  for (std::size_t j = 0; j < n; ++j) {
-    std::string error = o.home_tier && sim.creates_only(j)
-                            ? sim.materialize(j, o.home_tier)
-                            : sim.run_step(j, op_time, hook, o.op_tier, rep);
-    if (!error.empty()) {
-      ++rep.errors;
-      rep.first_error = std::move(error);
-      break;
-    }
-    ++rep.steps;
-  }
-  rep.total_ns = vt.now_ns();
-  vt.run_all();
-  sim.retry_removals();
-  vt.run_all();
-  rep.drain_ns = vt.now_ns() - rep.total_ns;
-
-  for (int l = 0; l < kNumLinks; ++l) {
-    const SimLinkStats& s = transport.link(static_cast<engine::Link>(l));
-    rep.links[l] = SimLinkReport{s.transfers, s.bytes, s.failures, s.busy_ns, s.queue_ns};
-  }
-  rep.engine = eng.stats();
-  rep.peak_device = rep.engine.peak[static_cast<int>(Tier::device)];
-  rep.peak_host = rep.engine.peak[static_cast<int>(Tier::host)];
-  rep.peak_ssd = transport.ssd_peak();
-  rep.events = vt.events_run();
-  rep.op_families = sim.families();
-  return rep;
+  std::vector<CardSpec> one;
+  one.push_back(CardSpec{trace, steps, o});
+  return std::move(simulate_cards(one, /*share_ssd=*/false).cards[0]);
 }
 
 }  // namespace u3m::sim

@@ -44,13 +44,15 @@ std::string SimTransportConfig::describe() const {
   return out;
 }
 
-SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity) {
+SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity,
+                                      std::uint32_t ssd_cards) {
   SimTransportConfig c;
   const LinkModel pcie{hw.host_link.bandwidth_practical.si, hw.host_link.latency.si};
   c.links[static_cast<int>(engine::Link::d2h)] = pcie;
   c.links[static_cast<int>(engine::Link::h2d)] = pcie;
   // A card's share of the node's drives (profile.hpp: bandwidths are per drive).
-  const double drives = hw.ssd.drives_per_node.si / hw.node.cards_per_node.si;
+  const double drives =
+      hw.ssd.drives_per_node.si / hw.node.cards_per_node.si * static_cast<double>(ssd_cards);
   c.links[static_cast<int>(engine::Link::h2s)] = {hw.ssd.write_bandwidth.si * drives,
                                                   hw.ssd.write_latency.si};
   c.links[static_cast<int>(engine::Link::s2h)] = {hw.ssd.read_bandwidth.si * drives,
@@ -59,14 +61,19 @@ SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_cap
   return c;
 }
 
-SimTransport::SimTransport(VirtualTime& clock, SimTransportConfig config)
-    : clock_(clock), config_(config) {
+SimTransport::SimTransport(VirtualTime& clock, SimTransportConfig config, SharedLinks* ssd)
+    : clock_(clock), config_(config), shared_ssd_(ssd) {
   config_.validate();
 }
 
 int SimTransport::channel(engine::Link l) const {
   return config_.ssd_shared && l == engine::Link::s2h ? static_cast<int>(engine::Link::h2s)
                                                       : static_cast<int>(l);
+}
+
+std::uint64_t& SimTransport::free_at(engine::Link l) {
+  const int c = channel(l);
+  return shared_ssd_ && ssd_link(c) ? shared_ssd_->free_at[c] : free_at_[c];
 }
 
 void SimTransport::start(const engine::Transfer& t) {
@@ -95,13 +102,17 @@ void SimTransport::start(const engine::Transfer& t) {
   std::uint64_t done_at = now + to_ns(m.latency_s);
   if (mem::ok(status)) {
     const double rate = t.rate_limit > 0 ? std::min(m.bandwidth, t.rate_limit) : m.bandwidth;
-    std::uint64_t& free_at = free_at_[channel(t.link)];
-    const std::uint64_t s = std::max(now, free_at);
+    std::uint64_t& free = free_at(t.link);
+    const std::uint64_t s = std::max(now, free);
     const std::uint64_t hold = to_ns(static_cast<double>(t.bytes) / rate);
-    free_at = s + hold;
+    free = s + hold;
     done_at = s + hold + to_ns(m.latency_s);
     st.busy_ns += hold;
     st.queue_ns += s - now;
+    if (shared_ssd_ && ssd_link(li)) {
+      shared_ssd_->stats[li].busy_ns += hold;
+      shared_ssd_->stats[li].queue_ns += s - now;
+    }
   }
   // A refused transfer fails after the link's latency, without holding the link.
   // The event captures only a slot index, small enough for std::function's
@@ -121,13 +132,18 @@ void SimTransport::start(const engine::Transfer& t) {
 void SimTransport::complete(std::uint32_t slot) {
   const Pending p = pending_[slot];
   free_.push_back(slot);
-  SimLinkStats& s = stats_[static_cast<int>(p.t.link)];
-  if (mem::ok(p.status)) {
-    ++s.transfers;
-    s.bytes += p.t.bytes;
-  } else {
-    ++s.failures;
-  }
+  ++completed_;
+  const int li = static_cast<int>(p.t.link);
+  auto count = [&p](SimLinkStats& s) {
+    if (mem::ok(p.status)) {
+      ++s.transfers;
+      s.bytes += p.t.bytes;
+    } else {
+      ++s.failures;
+    }
+  };
+  count(stats_[li]);
+  if (shared_ssd_ && ssd_link(li)) count(shared_ssd_->stats[li]);
   if (done_) done_(p.t, p.status);
 }
 

@@ -128,6 +128,95 @@ TEST(TrainFailover, TheNeighbourCarriesTwoShardsAndEveryCardWaitsForIt) {
   EXPECT_GT(r.run_s, r.run_s_no_failure);
 }
 
+// Note [Card models]: identical cards in phase wait for nobody at the
+// collectives, and N cards contending for N drives' pooled link get a 1/N
+// share each, so separate and symmetric agree on a symmetric scenario.
+TEST(TrainCards, SeparateAndSymmetricAgreeOnASymmetricScenario) {
+  TrainScenario s;
+  s.shape = find_model("llama-7b");
+  s.hw = sim::load_profile("ascend-910b-32g");
+  s.cards = 4;
+  s.train.seq_len = 1024;
+  s.policy = "lru";
+  const TrainResult sym = simulate_training(s);
+  s.card_model = CardModel::separate;
+  const TrainResult sep = simulate_training(s);
+  ASSERT_TRUE(sym.fits) << sym.why;
+  ASSERT_TRUE(sep.fits) << sep.why;
+  ASSERT_EQ(sym.cards.size(), 1u);
+  ASSERT_EQ(sep.cards.size(), 4u);
+  EXPECT_EQ(sep.card_model, CardModel::separate);
+  EXPECT_NEAR(sep.step_s, sym.step_s, 0.03 * sym.step_s);
+  for (const CardResult& c : sep.cards) {
+    EXPECT_NEAR(c.step_s, sym.step_s, 0.03 * sym.step_s) << "card " << c.card;
+    EXPECT_LT(c.barrier_s, 0.03 * sym.step_s) << "card " << c.card;
+    EXPECT_GT(c.compute_s, 0) << "card " << c.card;
+  }
+  EXPECT_EQ(sep.trace_events, 4 * sym.trace_events);  // four cards simulated
+}
+
+// With separate cards, the survivors run together: the neighbour holds two
+// shards, and the others' wait at the collectives is the straggler's extra time.
+TEST(TrainCards, FailoverShowsTheStragglerAsTheOthersBarrierWait) {
+  TrainScenario s;
+  s.shape = workload::preset("tiny");
+  s.hw = sim::load_profile("ascend-910b-32g");
+  s.cards = 4;
+  s.train.seq_len = 256;
+  s.policy = "lru";
+  s.card_model = CardModel::separate;
+  const FailoverResult r = simulate_failover(s, CardFailure::parse("1@5", 4, "--fail-card"));
+  ASSERT_TRUE(r.before.fits) << r.before.why;
+  ASSERT_TRUE(r.after.fits) << r.after.why;
+  ASSERT_TRUE(r.after_symmetric.fits) << r.after_symmetric.why;
+  ASSERT_EQ(r.after.cards.size(), 3u);
+  EXPECT_EQ(r.neighbour, 2u);
+  double neighbour_barrier = -1, other_barrier = 0;
+  for (const CardResult& c : r.after.cards) {
+    EXPECT_NE(c.card, 1u);  // the failed card is gone
+    EXPECT_EQ(c.shards, c.card == 2 ? 2u : 1u);
+    if (c.card == 2)
+      neighbour_barrier = c.barrier_s;
+    else
+      other_barrier = std::max(other_barrier, c.barrier_s);
+  }
+  EXPECT_GT(other_barrier, 0.0);
+  EXPECT_GE(neighbour_barrier, 0.0);
+  EXPECT_LT(neighbour_barrier, other_barrier);
+  // Both ways the job runs at the neighbour's pace.
+  EXPECT_NEAR(r.after.step_s, r.after_symmetric.step_s, 0.03 * r.after_symmetric.step_s);
+  EXPECT_NEAR(r.slowdown_symmetric, r.after_symmetric.step_s / r.before.step_s - 1, 1e-12);
+  EXPECT_NEAR(r.slowdown, r.after.step_s / r.before.step_s - 1, 1e-12);
+}
+
+TEST(TrainCards, CardModelFlagIsCheckedAndReported) {
+  EXPECT_EQ(parse_card_model("separate", "--card-model"), CardModel::separate);
+  EXPECT_EQ(parse_card_model("symmetric", "--card-model"), CardModel::symmetric);
+  try {
+    parse_card_model("both", "--card-model");
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--card-model"), std::string::npos) << e.what();
+  }
+  auto bad = u3m::testing::run_cli("train sim --model llama-1b --card-model both");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("--card-model"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("both"), std::string::npos) << bad.output;
+
+  // train sim simulates every card by default, and says so in its JSON.
+  auto r = u3m::testing::run_cli("train sim --model llama-1b --policy lru --cards 2 --json", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["scenario"]["card_model"], "separate");
+  ASSERT_EQ(j["result"]["cards"].size(), 2u);
+  EXPECT_EQ(j["result"]["cards"][1]["card"], 1);
+  EXPECT_TRUE(j["result"]["ssd_link"].contains("bytes"));
+  auto one = u3m::testing::run_cli(
+      "train sim --model llama-1b --policy lru --cards 2 --card-model symmetric --json", false);
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_EQ(nlohmann::json::parse(one.output)["result"]["cards"].size(), 1u);
+}
+
 TEST(TrainCli, SimJsonEmbedsScenarioProfileAndVersion) {
   auto r = u3m::testing::run_cli("train sim --model llama-1b --policy u3m --json", false);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -139,10 +228,30 @@ TEST(TrainCli, SimJsonEmbedsScenarioProfileAndVersion) {
   EXPECT_TRUE(j["result"]["fits"].get<bool>());
 }
 
+TEST(TrainCli, U3mPolicyKnobsReachTheScenarioAndBadValuesNameTheFlag) {
+  auto r = u3m::testing::run_cli(
+      "train sim --model llama-1b --recalibrate off --prefetch link --recalibrate-period 0.5 "
+      "--card-model symmetric --json",
+      false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output)["scenario"]["u3m_policy"];
+  EXPECT_FALSE(j["recalibrate"].get<bool>());
+  EXPECT_EQ(j["prefetch"], "link");
+  EXPECT_DOUBLE_EQ(j["recalibrate_period_s"].get<double>(), 0.5);
+  auto bad = u3m::testing::run_cli("train sim --model llama-1b --prefetch jit");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.output.find("--prefetch"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("jit"), std::string::npos) << bad.output;
+  bad = u3m::testing::run_cli("train sim --model llama-1b --recalibrate-period -2");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.output.find("--recalibrate-period"), std::string::npos) << bad.output;
+}
+
 TEST(TrainCli, CapacityReportsEveryPolicyAgainstHbmOnly) {
   auto r = u3m::testing::run_cli("train capacity --json", false);
   ASSERT_EQ(r.status, 0) << r.output;
   auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["scenario"]["card_model"], "symmetric");  // its default: hundreds of simulations
   const auto base = j["policies"]["hbm-only"]["max_params"].get<std::uint64_t>();
   EXPECT_GT(base, 0u);
   for (const char* p : {"static-offload", "lru", "u3m", "oracle"}) {

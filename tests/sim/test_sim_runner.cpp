@@ -9,6 +9,8 @@
 
 #include "u3m/sim/cost.hpp"
 #include "u3m/sim/runner.hpp"
+#include "u3m/sim/sim_transport.hpp"
+#include "u3m/sim/virtual_time.hpp"
 #include "u3m/util/error.hpp"
 
 namespace u3m::sim {
@@ -260,6 +262,194 @@ TEST(SimRunner, ZeroByteTensorIsRefused) {
   auto x = b.tensor("empty", 0);
   b.op("a", {{x, EventKind::write}});
   EXPECT_THROW(simulate_trace(b.t, options(MB, 1e-3)), InputError);
+}
+
+// ---- several cards (Note [Cards]) -------------------------------------------
+
+// A card's trace: `before` compute ops (named "pre<i>"), one collective "ag",
+// one op "post"; each op writes its own 1 MB tensor, so everything fits.
+trace::Trace card_trace(int before) {
+  Builder b;
+  for (int i = 0; i < before; ++i)
+    b.op("pre" + std::to_string(i), {{b.tensor("p" + std::to_string(i), MB), EventKind::write}});
+  b.op("ag", {{b.tensor("gathered", MB), EventKind::write}});
+  b.t.ops.back().cls = trace::OpClass::collective;
+  b.op("post", {{b.tensor("out", MB), EventKind::write}});
+  return b.t;
+}
+
+// Op times by name: "pre*" take `pre` seconds, the collective 0.5 ms, "post" 1 ms.
+SimOptions card_options(double pre) {
+  SimOptions o = options(64 * MB, 0);
+  o.op_time = [pre](const trace::Op& op) {
+    if (op.cls == trace::OpClass::collective) return 0.5e-3;
+    return op.name == "post" ? 1e-3 : pre;
+  };
+  return o;
+}
+
+// A slow card delays the others at the collective by exactly its extra time;
+// cards match collectives by ordinal, not step (card 1 runs two ops before it).
+TEST(SimCards, ACollectiveWaitsForTheSlowestCard) {
+  const trace::Trace fast = card_trace(1), slow = card_trace(2);
+  const auto fast_steps = build_steps(fast), slow_steps = build_steps(slow);
+  std::vector<CardSpec> cards;
+  cards.push_back(CardSpec{fast, fast_steps, card_options(1e-3)});    // reaches "ag" at 1 ms
+  cards.push_back(CardSpec{slow, slow_steps, card_options(1.5e-3)});  // at 3 ms
+  const CardsReport r = simulate_cards(cards, /*share_ssd=*/false);
+  ASSERT_TRUE(r.ok()) << r.first_error;
+  ASSERT_EQ(r.cards.size(), 2u);
+  const SimReport alone = simulate_trace(fast, card_options(1e-3));
+  EXPECT_EQ(alone.total_ns, 2'500'000u);  // 1 + 0.5 + 1 ms
+  EXPECT_EQ(r.cards[0].barrier_ns, 2'000'000u);
+  EXPECT_EQ(r.cards[1].barrier_ns, 0u);
+  EXPECT_EQ(r.cards[0].total_ns, alone.total_ns + 2'000'000u);
+  EXPECT_EQ(r.cards[1].total_ns, 4'500'000u);  // 3 + 0.5 + 1 ms
+  EXPECT_EQ(r.total_ns, 4'500'000u);
+  EXPECT_EQ(r.cards[0].collectives, 1u);
+  EXPECT_EQ(r.cards[1].collectives, 1u);
+  // Waiting at the barrier is not compute and not stall.
+  EXPECT_EQ(r.cards[0].compute_ns, alone.compute_ns);
+  EXPECT_EQ(r.cards[0].stall_ns, alone.stall_ns);
+}
+
+// A card that finished its trace no longer holds the others back.
+TEST(SimCards, AFinishedCardDoesNotHoldABarrier) {
+  Builder b;
+  b.op("only", {{b.tensor("x", MB), EventKind::write}});
+  const trace::Trace done_early = b.t, full = card_trace(1);
+  const auto s0 = build_steps(done_early), s1 = build_steps(full);
+  std::vector<CardSpec> cards;
+  cards.push_back(CardSpec{done_early, s0, card_options(1e-3)});
+  cards.push_back(CardSpec{full, s1, card_options(1e-3)});
+  const CardsReport r = simulate_cards(cards, false);
+  ASSERT_TRUE(r.ok()) << r.first_error;
+  EXPECT_EQ(r.cards[1].barrier_ns, 0u);
+  EXPECT_EQ(r.cards[1].total_ns, 2'500'000u);
+  EXPECT_EQ(r.cards[0].total_ns, 1'000'000u);
+}
+
+// Note [Link model]: on a shared SSD link, two cards writing at once take
+// twice as long as one; out of phase, each gets the whole link.
+TEST(SimCards, TwoCardsWritingToASharedSsdAtOnceTakeTwiceAsLong) {
+  SimTransportConfig c;
+  for (auto l : {Link::d2h, Link::h2d}) c.links[static_cast<int>(l)] = {1e9, 0};
+  c.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
+  c.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  c.ssd_capacity = 64 * MB;
+  auto write_mb = [](SimTransport& tr, std::uint64_t key) {
+    engine::Transfer t;
+    t.ticket = key;
+    t.tensor = key;
+    t.link = Link::h2s;
+    t.bytes = MB;
+    tr.start(t);
+  };
+  auto run = [&](bool shared, std::uint64_t second_at) {
+    VirtualTime vt;
+    SharedLinks ssd;
+    SimTransport a(vt, c, shared ? &ssd : nullptr), b(vt, c, shared ? &ssd : nullptr);
+    std::vector<std::uint64_t> done;
+    for (SimTransport* tr : {&a, &b})
+      tr->set_completion([&](const engine::Transfer&, engine::Status st) {
+        EXPECT_TRUE(mem::ok(st));
+        done.push_back(vt.now_ns());
+      });
+    write_mb(a, 1);
+    vt.run_until(second_at);
+    write_mb(b, 2);
+    vt.run_all();
+    EXPECT_EQ(ssd.stats[static_cast<int>(Link::h2s)].bytes, shared ? 2 * MB : 0);
+    return done;
+  };
+  // 1 MB at 1 GB/s is 1 ms, plus 20 us of latency.
+  EXPECT_EQ(run(false, 0), (std::vector<std::uint64_t>{1'020'000, 1'020'000}));
+  EXPECT_EQ(run(true, 0), (std::vector<std::uint64_t>{1'020'000, 2'020'000}));
+  EXPECT_EQ(run(true, 5'000'000), (std::vector<std::uint64_t>{1'020'000, 6'020'000}));
+}
+
+// One card is simulate_trace exactly, shared SSD link or not.
+TEST(SimCards, OneCardIsTheSingleCardRun) {
+  const trace::Trace t = layers(8, 1 * MB, 2);
+  SimOptions o = options(2 * MB, 1e-3);
+  o.host_budget = 3 * MB;
+  o.links.ssd_capacity = 64 * MB;
+  o.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
+  o.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  const auto steps = build_steps(t);
+  const SimReport a = simulate_trace(t, steps, o);
+  ASSERT_TRUE(a.ok()) << a.first_error;
+  EXPECT_GT(a.links[static_cast<int>(Link::s2h)].bytes, 0u);
+  for (bool shared : {false, true}) {
+    const CardsReport r = simulate_cards({CardSpec{t, steps, o}}, shared);
+    ASSERT_EQ(r.cards.size(), 1u);
+    const SimReport& b = r.cards[0];
+    EXPECT_EQ(a.total_ns, b.total_ns);
+    EXPECT_EQ(a.stall_ns, b.stall_ns);
+    EXPECT_EQ(a.drain_ns, b.drain_ns);
+    EXPECT_EQ(a.events, b.events);
+    EXPECT_EQ(a.engine.evictions, b.engine.evictions);
+    EXPECT_EQ(a.iteration_end_ns, b.iteration_end_ns);
+    EXPECT_EQ(b.barrier_ns, 0u);
+    for (int l = 0; l < kNumLinks; ++l) {
+      EXPECT_EQ(a.links[l].bytes, b.links[l].bytes);
+      EXPECT_EQ(a.links[l].busy_ns, b.links[l].busy_ns);
+      EXPECT_EQ(a.links[l].queue_ns, b.links[l].queue_ns);
+    }
+    EXPECT_EQ(r.ssd[static_cast<int>(Link::s2h)].bytes,
+              shared ? a.links[static_cast<int>(Link::s2h)].bytes : 0u);
+  }
+}
+
+// Two identical cards spilling to a shared SSD link queue behind each other
+// there; the link's figures are both cards' traffic.
+TEST(SimCards, CardsInPhaseContendForTheSharedSsd) {
+  const trace::Trace t = layers(8, 1 * MB, 2);
+  SimOptions o = options(2 * MB, 1e-3);
+  o.host_budget = 3 * MB;
+  o.links.ssd_capacity = 64 * MB;
+  o.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
+  o.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  const auto steps = build_steps(t);
+  const SimReport alone = simulate_trace(t, steps, o);
+  const CardsReport r = simulate_cards({CardSpec{t, steps, o}, CardSpec{t, steps, o}}, true);
+  ASSERT_TRUE(r.ok()) << r.first_error;
+  for (auto l : {Link::h2s, Link::s2h}) {
+    const int i = static_cast<int>(l);
+    EXPECT_EQ(r.ssd[i].bytes, r.cards[0].links[i].bytes + r.cards[1].links[i].bytes);
+  }
+  const int w = static_cast<int>(Link::h2s);
+  EXPECT_GT(r.cards[0].links[w].queue_ns + r.cards[1].links[w].queue_ns,
+            2 * alone.links[w].queue_ns);
+  EXPECT_GE(r.total_ns, alone.total_ns);
+}
+
+TEST(SimCards, ErrorsNameTheCard) {
+  Builder b;
+  auto x = b.tensor("big_x", 2 * MB), y = b.tensor("big_y", 2 * MB);
+  b.op("needs_both", {{x, EventKind::write}, {y, EventKind::write}});
+  const trace::Trace ok = card_trace(1);
+  const auto s_ok = build_steps(ok), s_bad = build_steps(b.t);
+  SimOptions small = options(3 * MB, 1e-3);
+  const CardsReport r =
+      simulate_cards({CardSpec{ok, s_ok, card_options(1e-3)}, CardSpec{b.t, s_bad, small}}, false);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.first_error.rfind("card 1: step 0 op 'needs_both'", 0), 0u) << r.first_error;
+
+  // A shared SSD link needs one model of it.
+  SimOptions ssd = card_options(1e-3);
+  ssd.links.ssd_capacity = 64 * MB;
+  ssd.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
+  ssd.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  SimOptions other = ssd;
+  other.links.links[static_cast<int>(Link::s2h)].bandwidth = 4e9;
+  try {
+    simulate_cards({CardSpec{ok, s_ok, ssd}, CardSpec{ok, s_ok, other}}, true);
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("card 1: its s2h link"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(simulate_cards({}, false), InputError);
 }
 
 }  // namespace

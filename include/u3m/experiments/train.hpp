@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "u3m/experiments/train_policy.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/runner.hpp"
 #include "u3m/workload/config.hpp"
@@ -21,6 +22,17 @@ namespace u3m::experiments {
 // hbm-only, static-offload, lru, u3m, oracle.
 const std::vector<std::string>& train_policy_names();
 
+// How the N cards of a ZeRO-3 job are simulated (Note [Card models] in
+// train.cpp): `symmetric` simulates one card of N (its SSD link a static
+// 1/N share of the cards' drives; the others assumed to do the same);
+// `separate` simulates all N on one clock (sim::simulate_cards): collectives
+// are barriers and the cards' SSD traffic shares one link. separate costs N
+// simulations.
+enum class CardModel { symmetric, separate };
+// "symmetric" | "separate"; InputError naming `flag` otherwise.
+CardModel parse_card_model(std::string_view text, std::string_view flag);
+const char* to_string(CardModel m);
+
 struct TrainScenario {
   workload::ModelShape shape;
   workload::TrainConfig train;  // zero3_ranks is set from `cards`
@@ -28,7 +40,19 @@ struct TrainScenario {
   std::uint32_t cards = 4;
   std::string policy = "u3m";
   std::uint32_t steps = 3;  // simulated; the last one is reported (the first warms up)
-  void validate() const;    // throws InputError naming the field
+  CardModel card_model = CardModel::symmetric;
+  U3mPolicyOptions u3m{};  // the u3m policy's knobs (docs/policy.md); other policies ignore them
+  void validate() const;   // throws InputError naming the field
+};
+
+// One simulated card of a result.
+struct CardResult {
+  std::uint32_t card = 0;    // its index among the job's cards
+  std::uint32_t shards = 1;  // ZeRO-3 shards it holds (2: a failed card's neighbour)
+  double step_s = 0;         // its last step, from its own iteration ends
+  double barrier_s = 0;      // waited at collectives for the other cards (whole run)
+  double stall_s = 0;        // waited for data or room (whole run)
+  double compute_s = 0;      // its ops' compute (whole run)
 };
 
 struct TrainResult {
@@ -45,7 +69,16 @@ struct TrainResult {
   double hidden_fraction = 0;   // transfer time overlapped with compute
   bool optimizer_on_host = false;
   std::uint32_t recompute_layers = 0;  // checkpointed layers (Note [Swap or recompute])
-  sim::SimReport sim;                  // the whole run
+  // The whole run of the card that finished the last step last (separate:
+  // the straggler; symmetric: the one card simulated).
+  sim::SimReport sim;
+  std::uint32_t sim_card = 0;  // the card `sim` reports (CardResult::card)
+  CardModel card_model = CardModel::symmetric;
+  std::vector<CardResult> cards;  // every simulated card (symmetric: one)
+  // The SSD link (h2s + s2h) all cards share (separate), or the one card's
+  // static share (symmetric): bytes and busy time over the whole run.
+  std::uint64_t ssd_link_bytes = 0;
+  double ssd_link_busy_s = 0;
   std::uint64_t trace_events = 0;  // trace events simulated (all simulations run for this result)
 };
 
@@ -62,9 +95,16 @@ struct CardFailure {
 
 struct FailoverResult {
   CardFailure failure;
-  std::uint32_t neighbour = 0;    // the card that takes the failed card's shards
-  TrainResult before;             // every card, before the failure
-  TrainResult after;              // the neighbour, holding two shards: the slowest card
+  std::uint32_t neighbour = 0;  // the card that takes the failed card's shards
+  TrainResult before;           // every card, before the failure
+  // After, under the scenario's card model: separate, the N-1 surviving
+  // cards (the neighbour with two shards; the others' barrier waits show it);
+  // symmetric, the neighbour alone (the slowest card).
+  TrainResult after;
+  // With separate cards, also the symmetric estimate (the neighbour alone),
+  // to compare; not simulated (fits = false, why empty) otherwise.
+  TrainResult after_symmetric;
+  double slowdown_symmetric = 0;  // after_symmetric.step_s / before.step_s - 1
   std::uint64_t moved_bytes = 0;  // the failed card's sharded state
   double move_s = 0;              // moving it over the card-to-card link
   double slowdown = 0;            // after.step_s / before.step_s - 1

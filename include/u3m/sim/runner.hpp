@@ -129,11 +129,14 @@ struct SimReport {
   std::uint64_t total_ns = 0;
   std::uint64_t compute_ns = 0;  // sum of op times: the time with infinite device memory
   std::uint64_t stall_ns = 0;    // compute waited for data or room
+  // Waited at collectives for the other cards (simulate_cards; 0 for one card).
+  std::uint64_t barrier_ns = 0;
+  std::uint64_t collectives = 0;  // collective ops run (each a barrier across the cards)
   std::uint64_t drain_ns =
       0;  // transfers (write-backs, late prefetches) running on after the last step
   std::array<SimLinkReport, kNumLinks> links{};
   std::uint64_t peak_device = 0, peak_host = 0, peak_ssd = 0;
-  std::uint64_t events = 0;    // virtual-time events run
+  std::uint64_t events = 0;    // virtual-time events run (on the clock all cards share)
   engine::EngineStats engine;  // evictions, hits/misses, prefetches, per-link counts
   std::uint64_t errors = 0;    // steps that could not run; the run stops at the first
   std::string first_error;
@@ -151,6 +154,52 @@ struct SimReport {
   }
   bool ok() const { return errors == 0; }
 };
+
+// ---- several cards ----------------------------------------------------------
+
+// One card of a multi-card run: its own trace (ranks may differ, e.g. a card
+// holding two ZeRO-3 shards after a failure), its steps (build_steps(trace))
+// and its options, hooks included: a policy's state (predictor, heat) is
+// per card, so each card needs hooks of its own. `trace` and `steps` must
+// outlive the simulation.
+struct CardSpec {
+  const trace::Trace& trace;
+  const std::vector<Step>& steps;
+  SimOptions options;
+};
+
+struct CardsReport {
+  std::vector<SimReport> cards;  // by card; each card's links are its own traffic
+  std::uint64_t total_ns = 0;    // the last card's last step
+  bool shared_ssd = false;
+  // Every card's SSD traffic on the shared link (h2s and s2h; zero when not shared).
+  std::array<SimLinkReport, kNumLinks> ssd{};
+  std::uint64_t events = 0;
+  std::uint64_t errors = 0;  // the run stops at the first error of any card
+  std::string first_error;   // "card K: ..."
+  bool ok() const { return errors == 0; }
+};
+
+// Note [Cards]
+// N cards on one virtual clock, each with its own engine, device pool, host
+// and host link (PCIe is per card), running its own trace under its own
+// hooks. Two things couple them:
+//  * collectives are barriers: the k-th collective op (OpClass::collective)
+//    of every card starts when every card still running has acquired the
+//    tensors of its k-th collective; matched by ordinal, not by step, since
+//    the traces may differ. Each card then takes its op time (the op's time
+//    on the card-to-card link). The time a card waits there is barrier_ns,
+//    apart from stall_ns (waiting for data). A card that has finished its
+//    trace no longer holds the others back.
+//  * with share_ssd, the SSD links of every card book on one SharedLinks:
+//    the cards' drives pooled into one FIFO link (every card's options must
+//    then give the same h2s/s2h models, the pooled bandwidth).
+// Each card runs the single-card loop (Note [Simulation loop]) as a state
+// machine that stops where it would wait for time; the driver moves the
+// clock to the earliest event or end of compute. One card is simulate_trace
+// exactly (it is implemented as one card). InputError for bad options, as
+// simulate_trace, naming the card.
+CardsReport simulate_cards(const std::vector<CardSpec>& cards, bool share_ssd);
 
 // Throws InputError for a trace that cannot be simulated (a tensor of 0
 // bytes) or options that do not work (no compute model, bad links).

@@ -37,15 +37,26 @@ struct SimTransportConfig {
 
 // Links from a hardware profile: the host link's practical bandwidth and
 // latency for d2h/h2d; for h2s/s2h the NVMe write/read bandwidth times the
-// drives a card gets (drives_per_node / cards_per_node) and the drive's
-// latency. The profile has no field for a shared NVMe device, so ssd_shared
-// keeps its default (one drive serves both directions).
-SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity);
+// drives `ssd_cards` cards get (drives_per_node / cards_per_node each) and the
+// drive's latency. ssd_cards = 1: one card's static share; N: the drives of N
+// cards pooled, for an SSD link the N cards share (SharedLinks). The profile
+// has no field for a shared NVMe device, so ssd_shared keeps its default
+// (one drive serves both directions).
+SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity,
+                                      std::uint32_t ssd_cards = 1);
 
 struct SimLinkStats {
   std::uint64_t transfers = 0, bytes = 0, failures = 0;
   std::uint64_t busy_ns = 0;   // time the link carried bytes (latency excluded)
   std::uint64_t queue_ns = 0;  // summed time transfers waited for the link
+};
+
+// Links booked by several transports on one clock: the node's NVMe drives,
+// which every card's SSD traffic crosses (Note [Link model]). It must
+// outlive the transports that book on it.
+struct SharedLinks {
+  std::array<std::uint64_t, kNumLinks> free_at{};  // per channel, as SimTransport's own
+  std::array<SimLinkStats, kNumLinks> stats{};     // every transport's traffic on it
 };
 
 // Note [Link model]
@@ -60,11 +71,16 @@ struct SimLinkStats {
 // transport.hpp books the same slots). d2h and h2d are independent
 // directions; h2s and s2h share one free time when ssd_shared (an NVMe drive
 // serves reads and writes from the same flash), each at its own bandwidth.
+// With SharedLinks, h2s and s2h book on the shared free times instead of the
+// transport's own, so the SSD traffic of several simulated cards queues FIFO
+// on one link: cards out of phase each get its whole bandwidth, cards in
+// phase divide it (as a static 1/N share would).
 class SimTransport final : public engine::Transport {
  public:
   // `clock` must outlive the transport, and the transport must outlive every
   // event it scheduled (run the clock's queue empty before destroying it).
-  SimTransport(VirtualTime& clock, SimTransportConfig config);
+  // `ssd`, when given, carries h2s/s2h (and must outlive the transport).
+  SimTransport(VirtualTime& clock, SimTransportConfig config, SharedLinks* ssd = nullptr);
 
   void set_completion(engine::TransferDone done) override { done_ = std::move(done); }
   // Schedules the completion on the virtual clock; never calls it directly.
@@ -76,6 +92,10 @@ class SimTransport final : public engine::Transport {
   std::uint64_t ssd_used() const { return ssd_used_; }
   std::uint64_t ssd_peak() const { return ssd_peak_; }
   const SimTransportConfig& config() const { return config_; }
+  // Completions scheduled and not yet run: what this transport still owes.
+  std::size_t in_flight() const { return pending_.size() - free_.size(); }
+  // Completions run so far (successes and failures).
+  std::uint64_t completed() const { return completed_; }
 
  private:
   struct Pending {  // a transfer whose completion is scheduled
@@ -83,6 +103,7 @@ class SimTransport final : public engine::Transport {
     engine::Status status;
   };
   int channel(engine::Link l) const;
+  std::uint64_t& free_at(engine::Link l);
   void complete(std::uint32_t slot);
 
   VirtualTime& clock_;
@@ -94,6 +115,8 @@ class SimTransport final : public engine::Transport {
   std::vector<Pending> pending_;                          // by slot
   std::vector<std::uint32_t> free_;                       // slots of pending_ to reuse
   std::uint64_t ssd_used_ = 0, ssd_peak_ = 0;
+  SharedLinks* shared_ssd_ = nullptr;
+  std::uint64_t completed_ = 0;
 };
 
 }  // namespace u3m::sim
