@@ -100,13 +100,19 @@ TEST(TrainFailover, ParseNamesTheFlagAndTheProblem) {
   EXPECT_THROW(CardFailure::parse("0@1", 1, "--fail-card"), InputError);  // no neighbour
 }
 
-TEST(TrainFailover, TheNeighbourCarriesTwoShardsAndEveryCardWaitsForIt) {
+// A tiny model on 4 cards under lru, for the failover tests.
+TrainScenario four_tiny_cards() {
   TrainScenario s;
   s.shape = workload::preset("tiny");
   s.hw = sim::load_profile("ascend-910b-32g");
   s.cards = 4;
   s.train.seq_len = 256;
   s.policy = "lru";
+  return s;
+}
+
+TEST(TrainFailover, TheNeighbourCarriesTwoShardsAndEveryCardWaitsForIt) {
+  const TrainScenario s = four_tiny_cards();
   const FailoverResult r = simulate_failover(s, CardFailure::parse("3@5", 4, "--fail-card"));
   ASSERT_TRUE(r.before.fits) << r.before.why;
   ASSERT_TRUE(r.after.fits) << r.after.why;
@@ -158,12 +164,7 @@ TEST(TrainCards, SeparateAndSymmetricAgreeOnASymmetricScenario) {
 // With separate cards, the survivors run together: the neighbour holds two
 // shards, and the others' wait at the collectives is the straggler's extra time.
 TEST(TrainCards, FailoverShowsTheStragglerAsTheOthersBarrierWait) {
-  TrainScenario s;
-  s.shape = workload::preset("tiny");
-  s.hw = sim::load_profile("ascend-910b-32g");
-  s.cards = 4;
-  s.train.seq_len = 256;
-  s.policy = "lru";
+  TrainScenario s = four_tiny_cards();
   s.card_model = CardModel::separate;
   const FailoverResult r = simulate_failover(s, CardFailure::parse("1@5", 4, "--fail-card"));
   ASSERT_TRUE(r.before.fits) << r.before.why;

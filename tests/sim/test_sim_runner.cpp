@@ -62,6 +62,16 @@ SimOptions options(std::uint64_t device_budget, double op_seconds) {
   return o;
 }
 
+// A 2 MB device and 3 MB host over an SSD: layers(8, 1 MB, 2) spills to it.
+SimOptions spilling_options() {
+  SimOptions o = options(2 * MB, 1e-3);
+  o.host_budget = 3 * MB;
+  o.links.ssd_capacity = 64 * MB;
+  o.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
+  o.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  return o;
+}
+
 TEST(SimRunner, BuildStepsGroupsRunsOfOneOpAndMergesTouches) {
   Builder b;
   auto x = b.tensor("x", 10), y = b.tensor("y", 10);
@@ -211,11 +221,7 @@ TEST(SimRunner, OpFamiliesFoldLayerNumbers) {
 
 TEST(SimRunner, ThreeTiersSpillToTheSsd) {
   const trace::Trace t = layers(8, 1 * MB, 2);
-  SimOptions o = options(2 * MB, 1e-3);
-  o.host_budget = 3 * MB;
-  o.links.ssd_capacity = 64 * MB;
-  o.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
-  o.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  const SimOptions o = spilling_options();
   const SimReport r = simulate_trace(t, o);
   ASSERT_TRUE(r.ok()) << r.first_error;
   EXPECT_GT(r.links[static_cast<int>(Link::h2s)].bytes, 0u);
@@ -371,11 +377,7 @@ TEST(SimCards, TwoCardsWritingToASharedSsdAtOnceTakeTwiceAsLong) {
 // One card is simulate_trace exactly, shared SSD link or not.
 TEST(SimCards, OneCardIsTheSingleCardRun) {
   const trace::Trace t = layers(8, 1 * MB, 2);
-  SimOptions o = options(2 * MB, 1e-3);
-  o.host_budget = 3 * MB;
-  o.links.ssd_capacity = 64 * MB;
-  o.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
-  o.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  const SimOptions o = spilling_options();
   const auto steps = build_steps(t);
   const SimReport a = simulate_trace(t, steps, o);
   ASSERT_TRUE(a.ok()) << a.first_error;
@@ -405,11 +407,7 @@ TEST(SimCards, OneCardIsTheSingleCardRun) {
 // there; the link's figures are both cards' traffic.
 TEST(SimCards, CardsInPhaseContendForTheSharedSsd) {
   const trace::Trace t = layers(8, 1 * MB, 2);
-  SimOptions o = options(2 * MB, 1e-3);
-  o.host_budget = 3 * MB;
-  o.links.ssd_capacity = 64 * MB;
-  o.links.links[static_cast<int>(Link::h2s)] = {1e9, 20e-6};
-  o.links.links[static_cast<int>(Link::s2h)] = {2e9, 80e-6};
+  const SimOptions o = spilling_options();
   const auto steps = build_steps(t);
   const SimReport alone = simulate_trace(t, steps, o);
   const CardsReport r = simulate_cards({CardSpec{t, steps, o}, CardSpec{t, steps, o}}, true);
