@@ -53,6 +53,9 @@ section "7. Training capacity per policy, simulated with the ascend-910b-32g pro
 "$U3M" train capacity
 echo
 "$U3M" train capacity --grad-accum 16
+echo
+# Four cards simulated together; card 1 fails and its neighbour carries two shards.
+"$U3M" train sim --model llama2-13b --fail-card 1@10
 
 section "8. RAG serving goodput per KV policy, simulated with the ascend-910b-32g profile x 4 cards (docs/serving.md)"
 "$U3M" serve capacity --requests rag --model llama3-8b --policies hbm-only,u3m
