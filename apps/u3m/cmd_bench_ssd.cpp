@@ -26,6 +26,7 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "u3m/mem/mapping.hpp"
 #include "u3m/mem/ssd_store.hpp"
 #include "u3m/util/aligned.hpp"
 #include "u3m/util/error.hpp"
@@ -104,7 +105,7 @@ std::string load_average() {
 // the store's here (2 MiB aligned, madvise), fio's through glibc's
 // glibc.malloc.hugetlb=1 tunable (fio allocates its I/O buffers with malloc,
 // which then madvises them). `--no-thp` turns both off, to see the difference.
-constexpr std::size_t kHugePage = 2u << 20;
+using mem::kHugePage;
 
 using Buf = AlignedBuffer;
 Buf io_buf(std::size_t n, bool thp) {
@@ -276,11 +277,18 @@ class FioSide {
   std::optional<std::vector<Sample>> run_jobs(const std::string& jobs,
                                               const std::vector<std::string>& names,
                                               std::string& why) {
-    // Note [Huge-page buffers]: fio's malloc'd buffers get THP like the store's.
+    // Note [Huge-page buffers]: fio's malloc'd buffers get THP like the store's
+    // (glibc >= 2.35 honours the tunable; the user's own tunables are kept).
+    std::string tunables;
+    if (thp_) {
+      const char* mine = std::getenv("GLIBC_TUNABLES");
+      tunables = fmt::format("GLIBC_TUNABLES='{}{}glibc.malloc.hugetlb=1' ", mine ? mine : "",
+                             mine && *mine ? ":" : "");
+    }
     std::string cmd = fmt::format(
         "{}fio --filename='{}' --direct=1 --ioengine=io_uring --iodepth={} "
         "--output-format=json {} 2>&1",
-        thp_ ? "GLIBC_TUNABLES=glibc.malloc.hugetlb=1 " : "", file_, qd_, jobs);
+        tunables, file_, qd_, jobs);
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) {
       why = "cannot start fio";
@@ -394,8 +402,8 @@ void run_bench_ssd(const BenchSsdArgs& a) {
   const long long store_thp = thp_bytes();  // after the buffers were filled (touched)
   const std::string buffers =
       thp ? fmt::format(
-                "transparent huge pages (madvise; store: {} in huge pages; fio: "
-                "GLIBC_TUNABLES=glibc.malloc.hugetlb=1)",
+                "transparent huge pages (madvise; store: {} in huge pages; fio: requested "
+                "through GLIBC_TUNABLES=glibc.malloc.hugetlb=1, not verified per run)",
                 store_thp < 0 ? std::string("unknown")
                               : human_bytes(static_cast<std::uint64_t>(store_thp)))
           : std::string("4 KiB pages (--no-thp) on both sides");

@@ -53,10 +53,6 @@ experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card
   s.train = a.train;
   s.policy = a.policy;
   s.u3m.recalibrate = a.recalibrate;
-  if (!(a.recalibrate_period_s >= 0))
-    input_error("--recalibrate-period",
-                "must be >= 0 seconds (0 = a tenth of the first step), got {}",
-                a.recalibrate_period_s);
   s.u3m.recalibrate_period_s = a.recalibrate_period_s;
   if (a.prefetch != "fixed" && a.prefetch != "link")
     input_error("--prefetch", "expected fixed or link, got '{}'", a.prefetch);

@@ -36,12 +36,6 @@ std::string make_scratch_dir() {
   return tmpl;
 }
 
-void remove_dir(const std::string& dir) {
-  if (dir.empty()) return;
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-}
-
 }  // namespace
 
 RealStack::RealStack(const RealStackOptions& o)
@@ -61,25 +55,28 @@ RealStack::RealStack(const RealStackOptions& o)
   c.validate();
   if (o.ssd_bytes) {
     std::string dir = o.ssd_dir;
-    if (dir.empty()) dir = scratch_ = make_scratch_dir();
+    if (dir.empty()) dir = scratch_.path = make_scratch_dir();
     mem::SsdStoreOptions so;
     so.path = dir + "/" + o.ssd_file;
     so.capacity = o.ssd_bytes;
     std::string why;
-    if (!mem::ok(mem::SsdStore::open(so, ssd_, &why))) {
-      remove_dir(scratch_);  // the destructor will not run
-      input_error(dir, "cannot open the SSD tier there: {}", why);
-    }
+    if (!mem::ok(mem::SsdStore::open(so, ssd_, &why)))
+      input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir
   }
   transport_ = std::make_unique<BackendTransport>(device_, ssd_.get());
   engine_ = std::make_unique<Engine>(c, pool_, host_, *transport_, clock_);
+}
+
+RealStack::Scratch::~Scratch() {
+  if (path.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
 }
 
 RealStack::~RealStack() {
   engine_.reset();  // Note [Real stack]
   transport_.reset();
   ssd_.reset();
-  remove_dir(scratch_);
 }
 
 std::uint64_t RealStack::arena_bytes() const {

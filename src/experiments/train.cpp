@@ -38,6 +38,11 @@ void TrainScenario::validate() const {
     input_error("--policy",
                 "unknown policy '{}' (expected hbm-only, static-offload, lru, u3m or oracle)",
                 policy);
+  // A finite period that fits in a uint64 of nanoseconds (about 584 years).
+  if (!(u3m.recalibrate_period_s >= 0 && u3m.recalibrate_period_s <= 1e9))
+    input_error("--recalibrate-period",
+                "must be in [0, 1e9] seconds (0 = a tenth of the first step), got {}",
+                u3m.recalibrate_period_s);
 }
 
 namespace {
@@ -192,14 +197,17 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
     co.op_time = [device_time, host_time, host_opt_on](const trace::Op& op) {
       return host_opt_on && op.phase == trace::Phase::optimizer ? host_time(op) : device_time(op);
     };
-    specs.push_back(sim::CardSpec{w.t, w.steps, std::move(co)});
+    specs.push_back(sim::CardSpec{w.t, w.steps, std::move(co), slots[c].card});
   }
   sim::CardsReport run = sim::simulate_cards(specs, /*share_ssd=*/separate);
   if (!run.ok()) {
-    for (const sim::SimReport& c : run.cards) {
-      if (!c.ok()) r.why = slots.size() > 1 ? run.first_error : c.first_error;
+    for (std::size_t c = 0; c < run.cards.size(); ++c) {
+      if (run.cards[c].ok()) continue;
+      r.why = slots.size() > 1 ? run.first_error : run.cards[c].first_error;
+      r.sim = run.cards[c];  // the card that failed
+      r.sim_card = slots[c].card;
+      break;
     }
-    r.sim = run.cards[0];
     return r;
   }
   r.fits = true;
@@ -390,12 +398,19 @@ FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f) {
   r.moved_bytes = b.param_bytes + b.grad_bytes + b.optimizer_bytes;
   r.move_s =
       double(r.moved_bytes) / s.hw.peer_link.bandwidth_practical.si + s.hw.peer_link.latency.si;
+  // The job's tokens/s on the N-1 survivors (an after-run simulated as N
+  // symmetric cards would count the failed card's tokens too).
+  auto survivors_tokens_per_s = [&](TrainResult& after) {
+    after.tokens_per_s = after.fits && after.step_s > 0 && r.before.step_s > 0
+                             ? r.before.tokens_per_s * double(s.cards - 1) / double(s.cards) *
+                                   r.before.step_s / after.step_s
+                             : 0;
+  };
+  survivors_tokens_per_s(r.after);
+  if (r.after_symmetric.fits) survivors_tokens_per_s(r.after_symmetric);
   if (r.before.fits && r.after.fits && r.before.step_s > 0) {
     r.slowdown = r.after.step_s / r.before.step_s - 1;
-    r.tokens_per_s_after = r.after.step_s > 0
-                               ? r.before.tokens_per_s * double(s.cards - 1) / double(s.cards) *
-                                     r.before.step_s / r.after.step_s
-                               : 0;
+    r.tokens_per_s_after = r.after.tokens_per_s;
     r.run_s_no_failure = double(f.step + kFailoverRunSteps) * r.before.step_s;
     r.run_s = double(f.step) * r.before.step_s + r.move_s + kFailoverRunSteps * r.after.step_s;
   }

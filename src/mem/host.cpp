@@ -9,6 +9,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "u3m/mem/mapping.hpp"
+
 namespace u3m::mem {
 
 // Note [Huge-page host buffers]
@@ -23,22 +25,12 @@ namespace u3m::mem {
 // huge pages where the kernel has them). Best effort: with transparent huge
 // pages off, or none free, they are ordinary pages and nothing else changes.
 namespace {
-constexpr std::uint64_t kHugePage = 2ull << 20;
-
 // n bytes of anonymous memory; 2 MiB-aligned and advised huge when n >= 2 MiB.
 void* map_buffer(std::uint64_t n) {
   if (n < kHugePage)
     return mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  // Over-map by one huge page, then trim to an aligned range of n bytes.
-  const std::uint64_t span = n + kHugePage;
-  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return MAP_FAILED;
-  const auto base = reinterpret_cast<std::uintptr_t>(raw);
-  const std::uintptr_t aligned = (base + kHugePage - 1) & ~std::uintptr_t{kHugePage - 1};
-  if (aligned > base) munmap(raw, aligned - base);
-  const std::uintptr_t end = aligned + n;
-  if (base + span > end) munmap(reinterpret_cast<void*>(end), base + span - end);
-  void* p = reinterpret_cast<void*>(aligned);
+  void* p = map_aligned(n, kHugePage);
+  if (p == nullptr) return MAP_FAILED;
   madvise(p, n, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
   return p;
 }

@@ -539,7 +539,8 @@ struct Card {
       const SimLinkStats& s = transport.link(static_cast<engine::Link>(l));
       rep.links[l] = SimLinkReport{s.transfers, s.bytes, s.failures, s.busy_ns, s.queue_ns};
     }
-    rep.drain_ns = vt.now_ns() - rep.total_ns;
+    // This card's transfers, not the shared clock: other cards may run on.
+    rep.drain_ns = std::max(transport.last_done_ns(), rep.total_ns) - rep.total_ns;
     rep.engine = eng.stats();
     rep.peak_device = rep.engine.peak[static_cast<int>(Tier::device)];
     rep.peak_host = rep.engine.peak[static_cast<int>(Tier::host)];
@@ -567,8 +568,8 @@ void check_shared_ssd(const std::vector<CardSpec>& cards) {
       const LinkModel& y = b.links[static_cast<int>(l)];
       if (x.bandwidth != y.bandwidth || x.latency_s != y.latency_s || a.ssd_shared != b.ssd_shared)
         input_error("simulate_cards",
-                    "card {}: its {} link differs from card 0's, but the SSD link is shared", c,
-                    engine::to_string(l));
+                    "card {}: its {} link differs from card {}'s, but the SSD link is shared",
+                    cards[c].label(c), engine::to_string(l), cards[0].label(0));
     }
   }
 }
@@ -595,7 +596,7 @@ CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
       cards.push_back(std::make_unique<Card>(specs[c], vt, share_ssd ? &ssd : nullptr));
     } catch (const InputError& e) {
       if (specs.size() == 1) throw;
-      input_error("simulate_cards", "card {}: {}", c, e.what());
+      input_error("simulate_cards", "card {}: {}", specs[c].label(c), e.what());
     }
   }
 
@@ -657,7 +658,7 @@ CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
     card.fill_report(vt);
     if (card.report.errors && !out.errors) {
       out.errors = card.report.errors;
-      out.first_error = fmt::format("card {}: {}", c, card.report.first_error);
+      out.first_error = fmt::format("card {}: {}", specs[c].label(c), card.report.first_error);
     }
     out.cards.push_back(card.report);
   }

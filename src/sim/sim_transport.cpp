@@ -133,6 +133,7 @@ void SimTransport::complete(std::uint32_t slot) {
   const Pending p = pending_[slot];
   free_.push_back(slot);
   ++completed_;
+  last_done_ns_ = clock_.now_ns();
   const int li = static_cast<int>(p.t.link);
   auto count = [&p](SimLinkStats& s) {
     if (mem::ok(p.status)) {

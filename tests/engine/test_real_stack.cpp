@@ -46,12 +46,8 @@ TEST(RealStack, BytesSurviveDeviceHostAndSsdAndTheScratchDirectoryIsRemoved) {
     const auto* p = static_cast<const unsigned char*>(l.ptr);
     for (std::uint64_t i = 0; i < 64 * mem::KiB; i += 4093) ASSERT_EQ(p[i], 0x5a) << i;
     ASSERT_TRUE(mem::ok(e.release(l)));
-    // The scratch directory is the one under $TMPDIR or /tmp named u3m-ssd-*.
-    for (const auto& d :
-         std::filesystem::directory_iterator(std::filesystem::temp_directory_path()))
-      if (d.path().filename().string().rfind("u3m-ssd-", 0) == 0 &&
-          std::filesystem::exists(d.path() / "u3m.ssd"))
-        scratch = d.path().string();
+    scratch = s.scratch_dir();
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(scratch) / "u3m.ssd")) << scratch;
     ASSERT_FALSE(scratch.empty());
   }
   EXPECT_FALSE(std::filesystem::exists(scratch)) << scratch;

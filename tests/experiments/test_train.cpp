@@ -243,9 +243,12 @@ TEST(TrainCli, U3mPolicyKnobsReachTheScenarioAndBadValuesNameTheFlag) {
   EXPECT_EQ(bad.status, 2);
   EXPECT_NE(bad.output.find("--prefetch"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("jit"), std::string::npos) << bad.output;
-  bad = u3m::testing::run_cli("train sim --model llama-1b --recalibrate-period -2");
-  EXPECT_EQ(bad.status, 2);
-  EXPECT_NE(bad.output.find("--recalibrate-period"), std::string::npos) << bad.output;
+  for (const char* period : {"-2", "inf", "1e30"}) {
+    bad = u3m::testing::run_cli(std::string("train sim --model llama-1b --recalibrate-period ") +
+                                period);
+    EXPECT_EQ(bad.status, 2) << period;
+    EXPECT_NE(bad.output.find("--recalibrate-period"), std::string::npos) << bad.output;
+  }
 }
 
 TEST(TrainCli, CapacityReportsEveryPolicyAgainstHbmOnly) {

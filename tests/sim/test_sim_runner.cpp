@@ -403,6 +403,33 @@ TEST(SimCards, OneCardIsTheSingleCardRun) {
   }
 }
 
+// Two cards that share nothing (no collectives, SSD links their own) run
+// through the multi-card driver's event loop, not the lone card's: under
+// memory pressure each must still match its single-card run exactly.
+TEST(SimCards, IndependentCardsUnderPressureEachMatchTheSingleCardRun) {
+  const trace::Trace t = layers(8, 1 * MB, 2);
+  const SimOptions o = spilling_options();
+  const auto steps = build_steps(t);
+  const SimReport a = simulate_trace(t, steps, o);
+  ASSERT_TRUE(a.ok()) << a.first_error;
+  ASSERT_GT(a.engine.evictions, 0u);
+  const CardsReport r = simulate_cards({CardSpec{t, steps, o}, CardSpec{t, steps, o}}, false);
+  ASSERT_TRUE(r.ok()) << r.first_error;
+  ASSERT_EQ(r.cards.size(), 2u);
+  for (const SimReport& b : r.cards) {
+    EXPECT_EQ(a.total_ns, b.total_ns);
+    EXPECT_EQ(a.stall_ns, b.stall_ns);
+    EXPECT_EQ(a.drain_ns, b.drain_ns);
+    EXPECT_EQ(a.engine.evictions, b.engine.evictions);
+    EXPECT_EQ(a.iteration_end_ns, b.iteration_end_ns);
+    EXPECT_EQ(b.barrier_ns, 0u);
+    for (int l = 0; l < kNumLinks; ++l) {
+      EXPECT_EQ(a.links[l].bytes, b.links[l].bytes) << l;
+      EXPECT_EQ(a.links[l].busy_ns, b.links[l].busy_ns) << l;
+    }
+  }
+}
+
 // Two identical cards spilling to a shared SSD link queue behind each other
 // there; the link's figures are both cards' traffic.
 TEST(SimCards, CardsInPhaseContendForTheSharedSsd) {

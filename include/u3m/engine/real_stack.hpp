@@ -52,9 +52,21 @@ class RealStack {
   const mem::DevicePool& pool() const { return pool_; }
   bool has_ssd() const { return ssd_ != nullptr; }
   std::uint64_t arena_bytes() const;
+  // The scratch directory this stack created for its SSD file (removed with
+  // the stack), or "" when it made none.
+  const std::string& scratch_dir() const { return scratch_.path; }
 
  private:
-  std::string scratch_;  // the directory we created (removed at the end), or empty
+  // Declared first, so destroyed last: after the store has closed its file,
+  // also when a later member's constructor throws.
+  struct Scratch {
+    std::string path;
+    Scratch() = default;
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch();
+  };
+  Scratch scratch_;
   mem::DeviceEmuBackend device_;
   mem::BackendSegmentSource source_;
   mem::DevicePool pool_;

@@ -61,8 +61,9 @@ struct TrainPolicy {
 
 // The u3m policy's knobs (docs/policy.md has the measured effect of each).
 struct U3mPolicyOptions {
-  // Note [Recalibration in runs] in train_policy.cpp. On: it leaves the
-  // simulated step time and capacity of the design scenario unchanged
+  // Note [Recalibration in runs] in train_policy.cpp. On: with the fixed
+  // prefetch window it leaves the simulated step time and capacity of the
+  // design scenario unchanged; with jit_prefetch it cost capacity
   // (docs/policy.md).
   bool recalibrate = true;
   // Virtual seconds between recalibrations; 0 = a tenth of the first

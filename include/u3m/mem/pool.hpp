@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>  // not used here any more; kept for includers that relied on it
 #include <string>
 #include <string_view>
 #include <vector>
@@ -298,7 +297,9 @@ class DevicePool {
   class FreeIndex {
    public:
     void insert(PoolBlock* b);
-    void erase(PoolBlock* b);  // b must be in the index, with the size and ptr it went in with
+    // b must be in the index, with the size and ptr it went in with; false
+    // (and an assert in debug builds) if it is not.
+    bool erase(PoolBlock* b);
     // The smallest block of at least `size` bytes, the lowest-addressed among
     // equals; null when none.
     PoolBlock* best_fit(std::uint64_t size) const;

@@ -166,6 +166,13 @@ struct CardSpec {
   const trace::Trace& trace;
   const std::vector<Step>& steps;
   SimOptions options;
+  // The card's number in messages; kIndex = its index in the specs (a
+  // failover's survivors are not numbered 0..N-2).
+  static constexpr std::uint32_t kIndex = UINT32_MAX;
+  std::uint32_t id = kIndex;
+  std::uint32_t label(std::size_t index) const {
+    return id == kIndex ? static_cast<std::uint32_t>(index) : id;
+  }
 };
 
 struct CardsReport {

@@ -96,6 +96,9 @@ class SimTransport final : public engine::Transport {
   std::size_t in_flight() const { return pending_.size() - free_.size(); }
   // Completions run so far (successes and failures).
   std::uint64_t completed() const { return completed_; }
+  // Virtual time of the last completion (0 before any): where this card's
+  // transfers ended, whatever other cards on the same clock do after.
+  std::uint64_t last_done_ns() const { return last_done_ns_; }
 
  private:
   struct Pending {  // a transfer whose completion is scheduled
@@ -117,6 +120,7 @@ class SimTransport final : public engine::Transport {
   std::uint64_t ssd_used_ = 0, ssd_peak_ = 0;
   SharedLinks* shared_ssd_ = nullptr;
   std::uint64_t completed_ = 0;
+  std::uint64_t last_done_ns_ = 0;
 };
 
 }  // namespace u3m::sim
