@@ -25,6 +25,7 @@ mem::DeviceEmuOptions emu_options(const RealStackOptions& o) {
   d.capacity = arena_for(o);
   d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_bytes_per_s;
   d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_bytes_per_s;
+  if (!o.copy_spin) d.spin_ns = d.sync_spin_ns = 0;
   return d;
 }
 
@@ -59,6 +60,7 @@ RealStack::RealStack(const RealStackOptions& o)
     mem::SsdStoreOptions so;
     so.path = dir + "/" + o.ssd_file;
     so.capacity = o.ssd_bytes;
+    so.engine = o.ssd_io;
     std::string why;
     if (!mem::ok(mem::SsdStore::open(so, ssd_, &why)))
       input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir

@@ -449,9 +449,12 @@ std::string PoolConfig::describe() const {
 // then takes the first entry of the next non-empty bin (a bitmap scan): every
 // block there is larger than any in lower bins, and its first entry is the
 // smallest, lowest-addressed one. So the choice is exactly the set's, and
-// placement (and every simulator figure) is unchanged. A bin spans at most
-// 1/8 of its power of two, so arrays stay short; an insert or erase moves
-// the entries after it, cheap at these sizes.
+// placement (and every simulator figure) is unchanged. An insert or erase
+// moves the entries after it in its bin: O(bin) where the set was O(log n).
+// A bin spans 1/8 of its power of two, so the bins stay short when free
+// sizes vary, as in the simulator's traces; many free blocks of one size
+// class (fixed-size KV slots freed out of order) would fill one bin, and
+// that case is not measured.
 int DevicePool::FreeIndex::class_of(std::uint64_t size) {
   if (size < 16) return static_cast<int>(size);                  // 0..15: one class per size
   const int e = 63 - __builtin_clzll(size);                      // 4..63

@@ -14,6 +14,7 @@
 
 #include "mem/test_ssd_util.hpp"
 #include "u3m/engine/engine.hpp"
+#include "u3m/engine/real_stack.hpp"
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
 #include "u3m/mem/host.hpp"
@@ -58,49 +59,22 @@ struct RigOptions {
   EngineConfig config{};
 };
 
-// The real stack on this machine.
+// The real stack on this machine (engine::RealStack), quiet copy engines.
 struct Rig {
-  mem::DeviceEmuBackend device;
-  mem::BackendSegmentSource source;
-  mem::DevicePool pool;
-  mem::HostBackend host;
-  mem::testing::ScratchDir dir;
-  std::unique_ptr<mem::SsdStore> ssd;
-  std::unique_ptr<BackendTransport> transport;
-  SteadyClock clock;
-  std::unique_ptr<Engine> engine;
+  RealStack stack;
+  Engine* engine;
 
-  static mem::DeviceEmuOptions emu(const RigOptions& o) {
-    mem::DeviceEmuOptions d;
-    d.capacity = 2 * o.device + 8 * mem::MiB;  // room for the pool's segment rounding
-    d.spin_ns = 0;
-    d.sync_spin_ns = 0;
-    return d;
+  static RealStackOptions options(const RigOptions& o) {
+    RealStackOptions r;
+    r.device_bytes = o.device;
+    r.host_bytes = o.host;
+    r.ssd_bytes = o.ssd;  // in a scratch directory removed with the stack
+    r.ssd_io = o.io;
+    r.copy_spin = false;
+    r.engine = o.config;
+    return r;
   }
-  static mem::PoolConfig pool_config(const RigOptions& o) {
-    mem::PoolConfig c;
-    c.capacity = 2 * o.device + 8 * mem::MiB;
-    c.expandable_segments = true;
-    return c;
-  }
-
-  explicit Rig(RigOptions o = {})
-      : device(emu(o)), source(device), pool(source, pool_config(o)), host(mem::HostOptions{}) {
-    if (o.ssd) {
-      mem::SsdStoreOptions so;
-      so.path = dir.file("tier.ssd");
-      so.capacity = o.ssd;
-      so.engine = o.io;
-      std::string why;
-      if (!mem::ok(mem::SsdStore::open(so, ssd, &why))) throw std::runtime_error("ssd: " + why);
-    }
-    transport = std::make_unique<BackendTransport>(device, ssd.get());
-    EngineConfig c = o.config;
-    c.device.capacity = o.device;
-    c.host.capacity = o.host;
-    engine = std::make_unique<Engine>(c, pool, host, *transport, clock);
-  }
-  ~Rig() { engine.reset(); }
+  explicit Rig(RigOptions o = {}) : stack(options(o)), engine(&stack.engine()) {}
 
   // Writes version `v` of tensor `id` in `tier`.
   Status write(TensorId id, std::uint64_t v, Tier tier = Tier::device) {

@@ -14,6 +14,7 @@
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
 #include "u3m/mem/host.hpp"
+#include "u3m/mem/io_engine.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/mem/ssd_store.hpp"
 
@@ -29,8 +30,12 @@ struct RealStackOptions {
   std::string ssd_file = "u3m.ssd";  // the store's file name in ssd_dir
   // Emulated link throttle per direction, bytes/s; 0 = memcpy speed.
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
-  bool expandable_segments = true;  // when the arena supports them
-  EngineConfig engine{};            // device and host capacities come from the fields above
+  // false: idle copy engines and synchronize never spin before sleeping
+  // (tests on shared cores, sanitizers); true: device-emu's defaults.
+  bool copy_spin = true;
+  std::shared_ptr<mem::IoEngine> ssd_io;  // the SSD store's I/O engine; null = its default
+  bool expandable_segments = true;        // when the arena supports them
+  EngineConfig engine{};                  // device and host capacities come from the fields above
 };
 
 // Note [Real stack]
