@@ -96,10 +96,10 @@ namespace u3m::mem {
 //   are never touched by both. The owner clears `pending` under the pool lock
 //   on its next locked call. The fences are seq_cst on both sides. An
 //   asymmetric form (a compiler barrier for the owner, membarrier(2) for the
-//   drainer, as folly and liburcu do) was built and measured: no faster here
-//   (a 512 B pair 8.0-9.1 ns vs 8.5 ns symmetric, vm), since the owner's
-//   fence is a locked op on a line it already owns; and ThreadSanitizer
-//   cannot check it. So the simple protocol stays.
+//   drainer, as folly and liburcu do) was built and measured: about 0.4 ns
+//   faster a pair (8.0-8.1 vs 8.4-8.5 ns at 512 B, vm, docs/memory.md),
+//   inside the run-to-run spread, and ThreadSanitizer cannot check it. So
+//   the simple protocol stays.
 // * Lifetimes. A pool finds a thread's cache by a pool id that is never reused
 //   (so a new pool at a dead pool's address never sees its caches), in a
 //   small thread-local table. The pool and the thread share each cache
