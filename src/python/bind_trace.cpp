@@ -88,6 +88,19 @@ py::dict train_result_dict(const experiments::TrainScenario& s, const experiment
   peak["ssd"] = r.sim.peak_ssd;
   d["peak_bytes"] = peak;
   d["trace_events"] = r.trace_events;
+  d["card_model"] = std::string(experiments::to_string(r.card_model));
+  py::list per_card;  // each simulated card (one under the symmetric model)
+  for (const experiments::CardResult& c : r.cards) {
+    py::dict x;
+    x["card"] = c.card;
+    x["shards"] = c.shards;
+    x["step_s"] = c.step_s;
+    x["barrier_s"] = c.barrier_s;
+    x["stall_s"] = c.stall_s;
+    x["compute_s"] = c.compute_s;
+    per_card.append(x);
+  }
+  d["per_card"] = per_card;
   return d;
 }
 
@@ -207,8 +220,9 @@ void bind_trace(py::module_& m) {
       [](const std::string& model, const std::string& hw, const std::string& policy,
          std::uint32_t cards, std::uint32_t steps, std::uint32_t seq_len,
          std::uint32_t micro_batch_size, std::uint32_t micro_batches, bool mixed_precision,
-         bool recompute, std::uint32_t lora_rank) {
+         bool recompute, std::uint32_t lora_rank, const std::string& card_model) {
         experiments::TrainScenario s;
+        s.card_model = experiments::parse_card_model(card_model, "card_model");
         s.shape = experiments::find_model(model);
         s.hw = sim::load_profile(hw);
         s.policy = policy;
@@ -232,6 +246,7 @@ void bind_trace(py::module_& m) {
       py::arg("cards") = 1, py::arg("steps") = 3, py::arg("seq_len") = 2048,
       py::arg("micro_batch_size") = 1, py::arg("micro_batches") = 1,
       py::arg("mixed_precision") = true, py::arg("recompute") = false, py::arg("lora_rank") = 0,
+      py::arg("card_model") = "symmetric",
       "One training step simulated under a tiering policy (`u3m train sim`); figures are "
       "simulated with the named hardware profile, never measured.");
 }

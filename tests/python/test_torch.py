@@ -231,6 +231,17 @@ class BindingsTest(unittest.TestCase):
         self.assertGreater(r["step_s"], 0)
         self.assertGreater(r["tokens_per_s"], 0)
         self.assertIn("u3m", u3m.train_policy_names())
+        # Two identical cards simulated together: a figure per card, and (nothing shared is
+        # contended) the same step as the symmetric model's one card of two.
+        kw = dict(model="tiny", cards=2, seq_len=128, steps=2, policy="lru")
+        sep = u3m.simulate_training(card_model="separate", **kw)
+        sym = u3m.simulate_training(card_model="symmetric", **kw)
+        self.assertEqual(sep["card_model"], "separate")
+        self.assertEqual([c["card"] for c in sep["per_card"]], [0, 1])
+        self.assertEqual(len(sym["per_card"]), 1)  # symmetric: the one card simulated
+        self.assertAlmostEqual(sep["step_s"], sym["step_s"], delta=1e-9 * sym["step_s"])
+        with self.assertRaisesRegex(u3m.InputError, "card_model"):
+            u3m.simulate_training(model="tiny", card_model="both")
 
     def test_serving_simulator_entry_point(self):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
