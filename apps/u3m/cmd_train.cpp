@@ -115,8 +115,19 @@ nlohmann::json result_json(const experiments::TrainResult& r) {
                      {"stall_s", c.stall_s},
                      {"compute_s", c.compute_s}});
   }
+  nlohmann::json u3m = nullptr;  // the u3m policy's own decisions (docs/policy.md)
+  if (r.u3m_policy) {
+    const experiments::U3mPolicyStats& p = *r.u3m_policy;
+    u3m = {{"recalibrations", p.recalibrations},
+           {"demotions", p.demotions},
+           {"jit_prefetches", p.jit_prefetches},
+           {"hot", p.hot},
+           {"warm", p.warm},
+           {"horizon_ops", p.horizon_ops}};
+  }
   return {{"policy", r.policy},
           {"fits", r.fits},
+          {"u3m_policy", u3m},
           {"card_model", experiments::to_string(r.card_model)},
           {"cards", cards},
           {"ssd_link", {{"bytes", r.ssd_link_bytes}, {"busy_s", r.ssd_link_busy_s}}},

@@ -181,11 +181,13 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
     return r;
   }
   std::vector<sim::CardSpec> specs;
+  std::vector<std::shared_ptr<const U3mPolicyStats>> policy_stats;  // by card
   for (std::size_t c = 0; c < slots.size(); ++c) {
     const Workload& w = *load_of[c];
     // Hooks per card: a policy's predictor and heat state are the card's own.
     TrainPolicy pol = make_train_policy(s.policy, {w.t, w.steps, host_optimizer, share, s.u3m});
     r.optimizer_on_host = pol.optimizer_on_host;
+    policy_stats.push_back(pol.u3m_stats);
     sim::SimOptions co = o;
     co.prefetch = pol.prefetch;
     co.victim_score = pol.victim;
@@ -228,6 +230,8 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
   }
   r.sim = run.cards[slowest];
   r.sim_card = slots[slowest].card;
+  // Read after the run: the hooks filled them in.
+  if (policy_stats[slowest]) r.u3m_policy = *policy_stats[slowest];
   // Infinite HBM needs no recompute: a checkpointed layer's second forward
   // (the generator's ".recompute" ops) is a price paid for memory, so it
   // counts as loss, not as ideal work. The job's ideal is its slowest card's.

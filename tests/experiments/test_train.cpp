@@ -237,6 +237,19 @@ TEST(TrainCli, U3mPolicyKnobsReachTheScenarioAndBadValuesNameTheFlag) {
   ASSERT_EQ(r.status, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output)["scenario"]["u3m_policy"];
   EXPECT_FALSE(j["recalibrate"].get<bool>());
+  // The policy's own figures come back: recalibration off, so none ran.
+  const auto u = nlohmann::json::parse(r.output)["result"]["u3m_policy"];
+  ASSERT_TRUE(u.is_object()) << r.output;
+  EXPECT_EQ(u["recalibrations"].get<std::uint64_t>(), 0u);
+  auto on =
+      u3m::testing::run_cli("train sim --model llama-1b --card-model symmetric --json", false);
+  ASSERT_EQ(on.status, 0) << on.output;
+  EXPECT_GT(nlohmann::json::parse(on.output)["result"]["u3m_policy"]["recalibrations"]
+                .get<std::uint64_t>(),
+            0u);
+  auto lru = u3m::testing::run_cli("train sim --model llama-1b --policy lru --json", false);
+  ASSERT_EQ(lru.status, 0) << lru.output;
+  EXPECT_TRUE(nlohmann::json::parse(lru.output)["result"]["u3m_policy"].is_null());
   EXPECT_EQ(j["prefetch"], "link");
   EXPECT_DOUBLE_EQ(j["recalibrate_period_s"].get<double>(), 0.5);
   auto bad = u3m::testing::run_cli("train sim --model llama-1b --prefetch jit");

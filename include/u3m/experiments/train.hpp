@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,6 +74,9 @@ struct TrainResult {
   // the straggler; symmetric: the one card simulated).
   sim::SimReport sim;
   std::uint32_t sim_card = 0;  // the card `sim` reports (CardResult::card)
+  // The u3m policy's own decisions on that card (recalibrations, demotions,
+  // final thresholds and window); empty for the other policies.
+  std::optional<U3mPolicyStats> u3m_policy;
   CardModel card_model = CardModel::symmetric;
   std::vector<CardResult> cards;  // every simulated card (symmetric: one)
   // The SSD link (h2s + s2h) all cards share (separate), or the one card's
