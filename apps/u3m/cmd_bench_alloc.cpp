@@ -126,6 +126,10 @@ void run_alloc_bench(const AllocBenchArgs& a) {
     throw std::runtime_error("bench alloc: the pool called its source after warm-up");
   }
 
+  // No thread cache (configured off, expandable segments, or the kernel
+  // refused membarrier: Note [Thread cache]): the "pool" figures are the
+  // locked path, and the output says so.
+  const bool thread_cache = pool.stats().thread_caches > 0;
   const std::string where = machine();
   const std::string method = fmt::format(
       "one thread; per size: one warm-up pair, then {} alternating rounds of ~{:.0f} ms each of "
@@ -133,14 +137,18 @@ void run_alloc_bench(const AllocBenchArgs& a) {
       "thread_cache_blocks:0 (the locked path), and glibc malloc+free of the same size (memory "
       "untouched by all); the same loop for all, timed by this thread's CPU time "
       "(CLOCK_THREAD_CPUTIME_ID, so other processes' load does not count); median ns per pair; "
-      "ratio = malloc ns / pool ns (> 1: the pool is faster); load average {:.2f} at the end",
-      a.rounds, slice * 1e3, load_average());
+      "ratio = malloc ns / pool ns (> 1: the pool is faster); load average {:.2f} at the end{}",
+      a.rounds, slice * 1e3, load_average(),
+      thread_cache ? ""
+                   : "; the pool has NO THREAD CACHE (configured off, expandable segments, or "
+                     "membarrier refused): its figures are the locked path");
   if (a.json) {
     nlohmann::json out;
     out["machine"] = where;
     out["figures"] = "measured on " + where;
     out["method"] = method;
     out["pool_config"] = pool.config().describe();
+    out["thread_cache"] = thread_cache;
     out["seconds"] = a.seconds;
     out["load_average"] = load_average();
     out["results"] = results;

@@ -4,11 +4,14 @@
 #include "u3m/mem/pool.hpp"
 
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
 #include <charconv>
 #include <limits>
 #include <thread>
@@ -73,10 +76,17 @@ namespace u3m::mem {
 //   rejected (ordered frees: two threads freeing the same handle at the same
 //   moment is a data race in the caller, as with malloc). To the pool's
 //   structure a thread-cached block is "allocated" (not in a free set, never
-//   merged), but to the figures it is free: stats() adds each cache's counters
-//   (written by its owner only, read with relaxed loads) and treats a block
-//   with an even generation as free, so allocated/free bytes and counts are
-//   exact whenever no call is in flight.
+//   merged), but to the figures it is free: a block with an even generation
+//   counts as free, so allocated/free bytes and counts are exact whenever no
+//   call is in flight.
+// * Figures. The lock-free calls keep only what cannot be counted later: a
+//   pop count (alloc_count), the `room` word (the byte limit, and cached
+//   bytes = cap - room) and its high-water mark (the peak). Requested bytes
+//   and active blocks are counted by stats() from the blocks themselves
+//   (held: odd generation; thread-cached: allocated with an even one), and
+//   frees derive as pops + cached + drained blocks. Dropping the two
+//   counters that used to track these (pushes, requested bytes) took about
+//   0.4 ns off a pair; stats() walks every block instead, and is no fast call.
 // * Cost. A pop or push is a few dozen instructions; what they do is chosen
 //   by perf annotate of `u3m bench alloc`: the thread's slot table is read
 //   through a TLS descriptor (no __tls_get_addr prologue in -fPIC code), the
@@ -94,12 +104,20 @@ namespace u3m::mem {
 //   the owner sees `pending` and takes the locked path, or the drainer sees
 //   `busy` and waits the few instructions until the owner leaves; so the bins
 //   are never touched by both. The owner clears `pending` under the pool lock
-//   on its next locked call. The fences are seq_cst on both sides. An
-//   asymmetric form (a compiler barrier for the owner, membarrier(2) for the
-//   drainer, as folly and liburcu do) was built and measured: about 0.4 ns
-//   faster a pair (8.0-8.1 vs 8.4-8.5 ns at 512 B, vm, docs/memory.md),
-//   inside the run-to-run spread, and ThreadSanitizer cannot check it. So
-//   the simple protocol stays.
+//   on its next locked call. The fences are asymmetric, as in folly's and
+//   liburcu's: the owner's is a compiler barrier, the drainer's is
+//   membarrier(2), which runs a full barrier on every running thread of the
+//   process (a thread that is not running passed one when it was switched
+//   out). So if the owner's load of `pending` came before that barrier, its
+//   store to `busy` did too and the drainer sees it; if after, it sees
+//   `pending`. Drains are rare (the pool is short of memory), owner calls
+//   are not: a seq_cst fence on both sides cost about 0.8 ns of a 9 ns pair
+//   (vm, docs/memory.md). The choice is made at compile time: a run-time
+//   switch on the owner's path cost another 0.5 ns. ThreadSanitizer cannot
+//   see membarrier's barrier, so TSan builds use the symmetric fences (the
+//   same protocol, checked there). Where the kernel refuses the membarrier
+//   registration (before Linux 4.14, or a seccomp filter), pools have no
+//   thread caches and every call takes the lock.
 // * Lifetimes. A pool finds a thread's cache by a pool id that is never reused
 //   (so a new pool at a dead pool's address never sees its caches), in a
 //   small thread-local table. The pool and the thread share each cache
@@ -118,7 +136,10 @@ namespace u3m::mem {
 //   it does can only be read under the lock).
 struct PoolBlock {
   std::uintptr_t ptr = 0;
-  std::uint64_t size = 0, requested = 0, owner = 0;
+  std::uint64_t size = 0, owner = 0;
+  // What the holder asked for: written by whoever hands the block out (a
+  // lock-free pop too), read by stats() under the lock, hence atomic.
+  std::atomic<std::uint64_t> requested{0};
   std::atomic<std::uint64_t> generation{0};  // odd while allocated; written by the holder only
   std::atomic<bool> movable{false};
   const DevicePool* pool = nullptr;  // set once; blocks are recycled within their pool
@@ -179,17 +200,17 @@ struct PoolThreadCache {
   std::atomic<bool> busy{false}, pending{false};
   // Touched by the owner inside busy, or by a drain once the owner is out.
   Bin bins[kBins];
-  // Figures for stats(), as few as the fast path can afford: monotonic
-  // counts of the owner's pushes and pops (single writer), the byte room
-  // left under thread_cache_bytes as one word (a push checks its limit and
-  // updates its figure with that one load and store; a reader racing the
-  // owner sees a consistent value), and what drains took (written under the
-  // pool lock, with the owner excluded). Everything else derives:
-  // cached bytes = cap - room, popped minus pushed bytes = -(cached + drained).
-  std::atomic<std::uint64_t> pops{0}, pushes{0};
-  std::int64_t cap = 0;                          // thread_cache_bytes; set at creation
-  std::atomic<std::int64_t> room{0};             // cap - bytes cached now
-  std::atomic<std::int64_t> requested_bytes{0};  // requested by pops minus by pushes
+  // Figures for stats(), as few as the fast path can afford (Note [Thread
+  // cache], "Figures"): a monotonic count of the owner's pops (single
+  // writer), the byte room left under thread_cache_bytes as one word (a push
+  // checks its limit and updates its figure with that one load and store; a
+  // reader racing the owner sees a consistent value), and what drains took
+  // (written under the pool lock, with the owner excluded). Everything else
+  // derives: cached bytes = cap - room, popped minus pushed bytes =
+  // -(cached + drained), pushes = pops + cached blocks + drained blocks.
+  std::atomic<std::uint64_t> pops{0};
+  std::int64_t cap = 0;               // thread_cache_bytes; set at creation
+  std::atomic<std::int64_t> room{0};  // cap - bytes cached now
   std::atomic<std::uint64_t> drained_blocks{0};
   std::atomic<std::int64_t> drained_bytes{0};  // all bytes drains took from it
   // Peak tracking: the pool total minus this cache's delta at the owner's
@@ -212,25 +233,64 @@ struct PoolThreadCache {
   std::uint64_t cached_bytes() const {
     return static_cast<std::uint64_t>(cap - room.load(std::memory_order_acquire));
   }
-  // Pops read before pushes (acquire: in that order), so a reader racing the
-  // owner never sees more popped than pushed.
-  std::uint64_t cached_blocks() const {
-    std::uint64_t popped = pops.load(std::memory_order_acquire);
-    return pushes.load(std::memory_order_acquire) - popped - get(drained_blocks);
-  }
 };
 
 namespace {
 
-// Note [Thread cache], the handshake: a seq_cst fence on both sides.
+// Note [Thread cache], the handshake: asymmetric, except under
+// ThreadSanitizer, which cannot see the barrier membarrier() puts into the
+// owner and would report every drain; there both sides fence.
+#if defined(__SANITIZE_THREAD__)
+#define U3M_POOL_SYMMETRIC_HANDSHAKE 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define U3M_POOL_SYMMETRIC_HANDSHAKE 1
+#endif
+#endif
+
 inline void fence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
-// The owner enters: false when a drain is pending (take the locked path).
-inline bool enter(PoolThreadCache* c) {
-  c->busy.store(true, std::memory_order_relaxed);
+// Whether thread caches may be used: the asymmetric form needs expedited
+// private membarrier (Linux >= 4.14), registered once per process; a seccomp
+// filter may refuse it, and then pools run without thread caches.
+bool handshake_available() {
+#ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
+  return true;
+#else
+  static const bool registered =
+      ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return registered;
+#endif
+}
+
+// The drainer's side: a full barrier on every running thread of the process.
+// False if the kernel refused (it cannot, once registered): the caller then
+// leaves the caches alone.
+bool drainer_fence() {
+#ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
   fence();
+  return true;
+#else
+  int r;
+  do {
+    r = static_cast<int>(::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0));
+  } while (r != 0 && errno == EINTR);
+  return r == 0;
+#endif
+}
+
+// The owner enters: false when a drain is pending (take the locked path).
+// The owner's fence is a compiler barrier only: the drainer's membarrier()
+// turns it into a full one whenever a drain needs that.
+[[gnu::always_inline]] inline bool enter(PoolThreadCache* c) {
+  c->busy.store(true, std::memory_order_relaxed);
+#ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
+  fence();
+#else
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+#endif
   if (c->pending.load(std::memory_order_acquire)) {
     c->busy.store(false, std::memory_order_release);
     return false;
@@ -527,7 +587,7 @@ DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
       expandable_(config.expandable_segments),
       id_(next_pool_id.fetch_add(1, std::memory_order_relaxed)),
       thread_cache_(config.thread_cache_blocks > 0 && config.thread_cache_bytes > 0 &&
-                    !config.expandable_segments),
+                    !config.expandable_segments && handshake_available()),
       fast_id_(thread_cache_ ? id_ : 0) {
   config_.validate();
   if (expandable_ && !source.supports_vmm()) {
@@ -572,7 +632,8 @@ PoolBlock* DevicePool::new_block() {
     b = spare_blocks_.back();
     spare_blocks_.pop_back();
     // The generation carries on: a stale handle to the old block stays stale.
-    b->requested = b->owner = 0;
+    b->requested.store(0, std::memory_order_relaxed);
+    b->owner = 0;
     b->set_movable(false);
     b->prev = b->next = b->tnext = nullptr;
     b->allocated = b->cached = false;
@@ -618,7 +679,7 @@ std::uint64_t DevicePool::largest_free() const {
 
 std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
   std::uint64_t runs = 0, m = 0;
-  if (cache_.empty() && thread_cached_blocks() == 0) {  // coalesced: each free block is a run
+  if (cache_.empty() && thread_cached_bytes() == 0) {  // coalesced: each free block is a run
     for (const FreeSet& f : free_) {
       if (const PoolBlock* b = f.largest()) m = std::max(m, b->size);
       runs += f.size();
@@ -794,14 +855,12 @@ void DevicePool::split(PoolBlock* b, std::uint64_t size) {
 void DevicePool::hand_out(PoolBlock* b, std::uint64_t requested, bool movable, std::uint64_t owner,
                           PoolAllocation* out) {
   b->allocated = true;
-  b->requested = requested;
+  b->requested.store(requested, std::memory_order_relaxed);
   b->set_movable(movable);
   b->owner = owner;
   b->bump_generation();
   st_.allocated_bytes += b->size;
-  st_.requested_bytes += requested;
   note_allocated();
-  ++st_.active_blocks;
   *out = PoolAllocation{as_ptr(b->ptr), b->size, requested, b,
                         b->generation.load(std::memory_order_relaxed)};
 }
@@ -871,8 +930,6 @@ PoolThreadCache* DevicePool::own_cache(bool create) {
   bin.size = size;
   ++bin.count;
   c->room.store(room - static_cast<std::int64_t>(size), std::memory_order_release);
-  bump(c->pushes, std::uint64_t{1});
-  bump(c->requested_bytes, -static_cast<std::int64_t>(b->requested));
   return true;
 }
 
@@ -895,7 +952,9 @@ void DevicePool::rebase(PoolThreadCache* c) {
 }
 
 void DevicePool::drain(PoolThreadCache* c) {
+  std::uint64_t blocks = 0;
   for (PoolThreadCache::Bin& bin : c->bins) {
+    blocks += bin.count;
     for (PoolBlock* b = bin.top; b;) {
       PoolBlock* next = b->tnext;
       b->tnext = nullptr;
@@ -910,7 +969,7 @@ void DevicePool::drain(PoolThreadCache* c) {
   c->high_room.store(get(c->high_room) + cached, std::memory_order_relaxed);
   c->drained_bytes.store(get(c->drained_bytes) + cached, std::memory_order_relaxed);
   c->room.store(c->cap, std::memory_order_release);
-  c->drained_blocks.store(get(c->pushes) - get(c->pops), std::memory_order_relaxed);
+  c->drained_blocks.store(get(c->drained_blocks) + blocks, std::memory_order_relaxed);
 }
 
 bool DevicePool::drain_thread_caches() {
@@ -918,8 +977,8 @@ bool DevicePool::drain_thread_caches() {
   std::vector<PoolThreadCache*> remote;
   bool any = false;
   for (auto& c : caches_) {
-    if (c->cached_blocks() == 0) continue;  // a push racing this drain comes after it
-    if (c.get() == self) {                  // our own: we are not inside a push or pop
+    if (c->cached_bytes() == 0) continue;  // a push racing this drain comes after it
+    if (c.get() == self) {                 // our own: we are not inside a push or pop
       drain(self);
       any = true;
     } else if (!c->pending.load(std::memory_order_relaxed)) {
@@ -927,11 +986,11 @@ bool DevicePool::drain_thread_caches() {
       remote.push_back(c.get());
     }
   }
-  if (!remote.empty()) {
-    fence();
+  // One barrier for all of them; the caches of one pool share its form.
+  if (!remote.empty() && drainer_fence()) {
     for (PoolThreadCache* c : remote) {
       while (c->busy.load(std::memory_order_acquire)) std::this_thread::yield();
-      any = any || c->cached_blocks() > 0;
+      any = any || c->cached_bytes() > 0;
       drain(c);
     }
   }
@@ -944,19 +1003,16 @@ void DevicePool::retire_cache(PoolThreadCache* c) {
   drain(c);  // we are its owner, exiting
   st_.peak_allocated_bytes =
       std::max(st_.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
-  std::uint64_t allocs = get(c->pops), frees = get(c->pushes);
   st_.allocated_bytes += static_cast<std::uint64_t>(c->allocated_delta());
-  st_.requested_bytes += static_cast<std::uint64_t>(get(c->requested_bytes));
-  st_.alloc_count += allocs;
-  st_.free_count += frees;
-  st_.active_blocks += allocs - frees;
+  st_.alloc_count += get(c->pops);
+  st_.free_count += get(c->pops) + get(c->drained_blocks);  // its pushes: it is empty now
   std::erase_if(caches_, [c](const std::shared_ptr<PoolThreadCache>& p) { return p.get() == c; });
   c->pool.store(nullptr, std::memory_order_release);
 }
 
-std::uint64_t DevicePool::thread_cached_blocks() const {
+std::uint64_t DevicePool::thread_cached_bytes() const {
   std::uint64_t n = 0;
-  for (const auto& c : caches_) n += c->cached_blocks();
+  for (const auto& c : caches_) n += c->cached_bytes();
   return n;
 }
 
@@ -983,9 +1039,8 @@ Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movab
       const std::int64_t room = get(c->room) + static_cast<std::int64_t>(size);
       c->room.store(room, std::memory_order_release);
       bump(c->pops, std::uint64_t{1});
-      bump(c->requested_bytes, static_cast<std::int64_t>(bytes));
       if (room > get(c->high_room)) c->high_room.store(room, std::memory_order_relaxed);
-      b->requested = bytes;
+      b->requested.store(bytes, std::memory_order_relaxed);
       b->owner = owner;
       const std::uint64_t g = b->bump_generation();
       leave(c);
@@ -1012,7 +1067,7 @@ Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movab
     return Status::ok;
   }
   PoolBlock* b = best_fit(k, size);
-  if (!b && (!cache_.empty() || thread_cached_blocks() > 0)) {
+  if (!b && (!cache_.empty() || thread_cached_bytes() > 0)) {
     // Cached blocks must not make the pool grow (Note [Thread cache]).
     drain_thread_caches();
     flush_cache();
@@ -1116,8 +1171,6 @@ std::uint64_t DevicePool::trim_tail(Segment* s, std::uint64_t keep) {
 void DevicePool::release_block(PoolBlock* b, bool may_cache) {
   b->bump_generation();  // even: every handle to it is stale now
   st_.allocated_bytes -= b->size;
-  st_.requested_bytes -= b->requested;
-  --st_.active_blocks;
   put_back(b, may_cache);
 }
 
@@ -1184,8 +1237,6 @@ void DevicePool::destroy_segment(Segment* s) {
     } else if (b->held()) {
       // Freed with live blocks (pool destroyed): the handles become stale.
       st_.allocated_bytes -= b->size;
-      st_.requested_bytes -= b->requested;
-      --st_.active_blocks;
       b->bump_generation();
     }
     recycle(b);
@@ -1301,20 +1352,30 @@ CompactResult DevicePool::compact(const MoveFn& fn) {
 PoolStats DevicePool::stats() const {
   std::lock_guard lock(mu_);
   PoolStats s = st_;
-  std::int64_t allocated = 0, requested = 0;
+  std::int64_t allocated = 0;
   for (const auto& c : caches_) {
     allocated += c->allocated_delta();
-    requested += get(c->requested_bytes);
-    std::uint64_t allocs = get(c->pops), frees = get(c->pushes);
-    s.alloc_count += allocs;
-    s.free_count += frees;
-    s.active_blocks += allocs - frees;
+    s.alloc_count += get(c->pops);
+    s.free_count += get(c->pops) + get(c->drained_blocks);  // + what it holds, counted below
     s.thread_cached_bytes += c->cached_bytes();
     s.peak_allocated_bytes =
         std::max(s.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
   }
+  // Counted, not tracked (Note [Thread cache], "Figures"): a held block has
+  // an odd generation; an allocated one with an even generation sits in a
+  // thread cache, where a free put it.
+  for (const auto& seg : segments_) {
+    for (const PoolBlock* b = seg->head; b; b = b->next) {
+      if (!b->allocated) continue;
+      if (b->held()) {
+        ++s.active_blocks;
+        s.requested_bytes += b->requested.load(std::memory_order_relaxed);
+      } else {
+        ++s.free_count;
+      }
+    }
+  }
   s.allocated_bytes += static_cast<std::uint64_t>(allocated);
-  s.requested_bytes += static_cast<std::uint64_t>(requested);
   s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, s.allocated_bytes);
   s.thread_caches = caches_.size();
   s.segments = segments_.size();

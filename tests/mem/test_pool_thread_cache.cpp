@@ -3,8 +3,8 @@
 // growth, out of memory and empty_cache(), thread exit, and destruction of a
 // pool while other threads still hold caches for it. Runs under ASan+UBSan
 // and TSan with the rest of test_pool.
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <latch>
 #include <mutex>
@@ -88,6 +88,57 @@ TEST(ThreadCacheTest, SameThreadReusesWithoutTheLockAndCountsCachedAsFree) {
   EXPECT_EQ(pool.empty_cache(), 2 * MiB);  // drains the thread cache first
   EXPECT_EQ(pool.stats().thread_cached_bytes, 0u);
   EXPECT_EQ(src.counters().physical_bytes.load(), 0u);
+}
+
+// Requested bytes, active blocks and the free count are counted from the
+// blocks at stats() time (Note [Thread cache], "Figures"), not tracked by the
+// lock-free calls: a block popped for a different request of the same
+// rounded size, drains, and blocks held in another live thread's cache must
+// all come out exact.
+TEST(ThreadCacheTest, FiguresCountReusedDrainedAndRemoteCachedBlocks) {
+  VirtualSegmentSource src;
+  DevicePool pool(src);
+  PoolAllocation a = must_alloc(pool, 1000);  // 1 KiB rounded
+  ASSERT_EQ(pool.free(a), Status::ok);
+  PoolAllocation b = must_alloc(pool, 600);  // the same block, popped for 600 bytes
+  ASSERT_EQ(b.ptr, a.ptr);
+  PoolStats s = pool.stats();
+  EXPECT_EQ(s.requested_bytes, 600u);
+  EXPECT_EQ(s.allocated_bytes, 1 * KiB);
+  EXPECT_EQ(s.active_blocks, 1u);
+  EXPECT_EQ(s.alloc_count, 2u);
+  EXPECT_EQ(s.free_count, 1u);
+  // Another thread allocates three, frees two into its cache and stays alive.
+  PoolAllocation held;
+  Parked other([&] {
+    PoolAllocation x = must_alloc(pool, 3000), y = must_alloc(pool, 5000);
+    held = must_alloc(pool, 7000);
+    EXPECT_EQ(pool.free(x), Status::ok);
+    EXPECT_EQ(pool.free(y), Status::ok);
+  });
+  s = pool.stats();
+  EXPECT_EQ(s.requested_bytes, 600u + 7000);
+  EXPECT_EQ(s.active_blocks, 2u);
+  EXPECT_EQ(s.alloc_count, 5u);
+  EXPECT_EQ(s.free_count, 3u);
+  EXPECT_EQ(s.thread_cached_bytes, 3 * KiB + 5 * KiB);
+  // Draining the other thread's cache moves nothing between the counts.
+  ASSERT_EQ(pool.free(b), Status::ok);
+  pool.empty_cache();
+  s = pool.stats();
+  EXPECT_EQ(s.thread_cached_bytes, 0u);
+  EXPECT_EQ(s.requested_bytes, 7000u);
+  EXPECT_EQ(s.active_blocks, 1u);
+  EXPECT_EQ(s.alloc_count, 5u);
+  EXPECT_EQ(s.free_count, 4u);
+  // Nor does its thread exiting, nor the last free.
+  other.release_and_join();
+  ASSERT_EQ(pool.free(held), Status::ok);
+  s = pool.stats();
+  EXPECT_EQ(s.requested_bytes, 0u);
+  EXPECT_EQ(s.active_blocks, 0u);
+  EXPECT_EQ(s.alloc_count, 5u);
+  EXPECT_EQ(s.free_count, 5u);
 }
 
 TEST(ThreadCacheTest, MovableBlocksAndExpandablePoolsBypassIt) {

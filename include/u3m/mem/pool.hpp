@@ -158,7 +158,9 @@ struct PoolConfig {
   // Note [Thread cache] in pool.cpp: per-thread stacks of freed blocks, one
   // per size class, popped with no atomic instruction. Blocks per size class
   // (0 = no thread cache) and bytes per thread and pool. Pools with
-  // expandable segments do not use it (the note says why).
+  // expandable segments do not use it (the note says why), nor does any
+  // pool where the kernel refuses membarrier(2) (PoolStats::thread_caches
+  // stays 0 then).
   std::uint64_t thread_cache_blocks = 8;
   std::uint64_t thread_cache_bytes = 64 * MiB;
 
@@ -362,7 +364,7 @@ class DevicePool {
   void drain(PoolThreadCache* c);         // its blocks back into the pool; owner excluded
   bool drain_thread_caches();             // all of them; true when any block came back
   void retire_cache(PoolThreadCache* c);  // thread exit: drain, fold counters, forget
-  std::uint64_t thread_cached_blocks() const;
+  std::uint64_t thread_cached_bytes() const;
   std::int64_t thread_allocated_delta() const;
   void note_allocated();  // peak_allocated_bytes, counting the thread caches' deltas
   PoolBlock* coalesce(PoolBlock* b);
