@@ -9,6 +9,7 @@
 #include <latch>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <thread>
 #include <vector>
 
@@ -95,6 +96,19 @@ TEST(ThreadCacheTest, SameThreadReusesWithoutTheLockAndCountsCachedAsFree) {
 // lock-free calls: a block popped for a different request of the same
 // rounded size, drains, and blocks held in another live thread's cache must
 // all come out exact.
+struct Counts {
+  std::uint64_t requested, active, allocs, frees;
+  bool operator==(const Counts&) const = default;
+};
+Counts counts(const DevicePool& pool) {
+  PoolStats s = pool.stats();
+  return {s.requested_bytes, s.active_blocks, s.alloc_count, s.free_count};
+}
+std::ostream& operator<<(std::ostream& o, const Counts& c) {
+  return o << "{requested " << c.requested << ", active " << c.active << ", allocs " << c.allocs
+           << ", frees " << c.frees << "}";
+}
+
 TEST(ThreadCacheTest, FiguresCountReusedDrainedAndRemoteCachedBlocks) {
   VirtualSegmentSource src;
   DevicePool pool(src);
@@ -102,12 +116,8 @@ TEST(ThreadCacheTest, FiguresCountReusedDrainedAndRemoteCachedBlocks) {
   ASSERT_EQ(pool.free(a), Status::ok);
   PoolAllocation b = must_alloc(pool, 600);  // the same block, popped for 600 bytes
   ASSERT_EQ(b.ptr, a.ptr);
-  PoolStats s = pool.stats();
-  EXPECT_EQ(s.requested_bytes, 600u);
-  EXPECT_EQ(s.allocated_bytes, 1 * KiB);
-  EXPECT_EQ(s.active_blocks, 1u);
-  EXPECT_EQ(s.alloc_count, 2u);
-  EXPECT_EQ(s.free_count, 1u);
+  EXPECT_EQ(counts(pool), (Counts{600, 1, 2, 1}));
+  EXPECT_EQ(pool.stats().allocated_bytes, 1 * KiB);
   // Another thread allocates three, frees two into its cache and stays alive.
   PoolAllocation held;
   Parked other([&] {
@@ -116,29 +126,17 @@ TEST(ThreadCacheTest, FiguresCountReusedDrainedAndRemoteCachedBlocks) {
     EXPECT_EQ(pool.free(x), Status::ok);
     EXPECT_EQ(pool.free(y), Status::ok);
   });
-  s = pool.stats();
-  EXPECT_EQ(s.requested_bytes, 600u + 7000);
-  EXPECT_EQ(s.active_blocks, 2u);
-  EXPECT_EQ(s.alloc_count, 5u);
-  EXPECT_EQ(s.free_count, 3u);
-  EXPECT_EQ(s.thread_cached_bytes, 3 * KiB + 5 * KiB);
+  EXPECT_EQ(counts(pool), (Counts{600 + 7000, 2, 5, 3}));
+  EXPECT_EQ(pool.stats().thread_cached_bytes, 3 * KiB + 5 * KiB);
   // Draining the other thread's cache moves nothing between the counts.
   ASSERT_EQ(pool.free(b), Status::ok);
   pool.empty_cache();
-  s = pool.stats();
-  EXPECT_EQ(s.thread_cached_bytes, 0u);
-  EXPECT_EQ(s.requested_bytes, 7000u);
-  EXPECT_EQ(s.active_blocks, 1u);
-  EXPECT_EQ(s.alloc_count, 5u);
-  EXPECT_EQ(s.free_count, 4u);
+  EXPECT_EQ(pool.stats().thread_cached_bytes, 0u);
+  EXPECT_EQ(counts(pool), (Counts{7000, 1, 5, 4}));
   // Nor does its thread exiting, nor the last free.
   other.release_and_join();
   ASSERT_EQ(pool.free(held), Status::ok);
-  s = pool.stats();
-  EXPECT_EQ(s.requested_bytes, 0u);
-  EXPECT_EQ(s.active_blocks, 0u);
-  EXPECT_EQ(s.alloc_count, 5u);
-  EXPECT_EQ(s.free_count, 5u);
+  EXPECT_EQ(counts(pool), (Counts{0, 0, 5, 5}));
 }
 
 TEST(ThreadCacheTest, MovableBlocksAndExpandablePoolsBypassIt) {
