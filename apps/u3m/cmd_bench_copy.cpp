@@ -3,10 +3,23 @@
 // very same buffers, measured in the same run (the machine's own limit).
 //
 // Note [Measuring copies on a shared machine]
-// Backend and reference alternate in short slices (rounds), so a neighbour's
-// burst of load hits both alike; each figure is the median over rounds. Every
-// backend copy is followed by synchronize_stream, so the figure includes the
-// hand-off to the copy engine and back, as a caller that waits would see it.
+// Backend and reference alternate in short slices, one of each per round, so
+// a neighbour's burst of load hits both alike. The ratio is the median over
+// rounds of backend / reference within the round, not a ratio of medians:
+// on the 2-core dev VM a 16 MiB copy (16 MiB source + 16 MiB destination, the
+// size of its L3) swings 3x with other processes' cache and CPU use, and
+// memcpy timed against itself with unpaired 36 ms slices and a ratio of
+// medians (the old method) gave 70-119% there at load 2.5, while the paired
+// median stayed at 98-103% at loads 2.5-4 (docs/memory.md). Each round swaps
+// which side goes first (ABBA), so a steady drift in load favours neither.
+// Both sides run the same glibc memcpy on the same buffers: its non-temporal
+// threshold on that VM is 240 MiB, so neither uses streaming stores at these
+// sizes, and 4 MiB engine chunks take the same path as one large copy.
+// Every backend copy is followed by synchronize_stream, so the figure
+// includes the hand-off to the copy engine and back, as a caller that waits
+// would see it. That caller may run the copy itself when the engine has not
+// started it (Note [A waiting caller runs the copy] in device_emu.cpp); the
+// share it ran is reported, and --engine-only measures the engine alone.
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,8 +47,9 @@ constexpr std::uint64_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
 struct CopyBenchArgs {
   bool json = false;
   std::string sizes = "64K,1M,4M,16M,64M";
-  double seconds = 5;
-  int rounds = 7;
+  double seconds = 10;
+  int rounds = 41;
+  bool engine_only = false;
   double throttle_gbps = 0;
   double spin_us = 50;
   std::string chunk = "4M";
@@ -54,6 +68,14 @@ double measure(F&& one, std::uint64_t bytes, double slice) {
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   } while (elapsed < slice || n < 2);
   return double(bytes) * double(n) / elapsed / 1e9;
+}
+
+// The q-quantile of sorted (non-empty) values, interpolating between ranks.
+double quantile(const std::vector<double>& sorted, double q) {
+  const double pos = q * double(sorted.size() - 1);
+  const std::size_t lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (pos - double(lo)) * (sorted[hi] - sorted[lo]);
 }
 
 void check(mem::Status s, const char* what) {
@@ -75,6 +97,7 @@ void run_copy_bench(const CopyBenchArgs& a) {
   dopt.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = a.throttle_gbps * 1e9;
   dopt.spin_ns = static_cast<std::uint64_t>(a.spin_us * 1e3);
   if (a.spin_us == 0) dopt.sync_spin_ns = 0;
+  dopt.caller_runs_queued = !a.engine_only;
   dopt.chunk_bytes = parse_size(a.chunk, "--chunk", 64ull << 30);
   mem::DeviceEmuBackend dev(dopt);
   mem::HostBackend host({.capacity = max_size});
@@ -108,17 +131,36 @@ void run_copy_bench(const CopyBenchArgs& a) {
       auto reference = [&] { std::memcpy(op.dst, op.src, size); };
       backend();  // warm the engine and the caches alike for both
       reference();
-      std::vector<double> b, r;
+      std::vector<double> b, r, ratios;
+      const mem::DeviceEmuRunStats ran0 = dev.run_stats();
+      nlohmann::json rounds = nlohmann::json::array();
       for (int i = 0; i < a.rounds; ++i) {
-        b.push_back(measure(backend, size, slice));
-        r.push_back(measure(reference, size, slice));
+        double x = 0, y = 0;
+        if (i % 2 == 0) {
+          x = measure(backend, size, slice);
+          y = measure(reference, size, slice);
+        } else {
+          y = measure(reference, size, slice);
+          x = measure(backend, size, slice);
+        }
+        b.push_back(x);
+        r.push_back(y);
+        ratios.push_back(x / y);
+        rounds.push_back({x, y});
       }
-      double bw = median(b), ref = median(r);
+      const mem::DeviceEmuRunStats ran1 = dev.run_stats();
+      const double by_caller = double(ran1.by_caller - ran0.by_caller);
+      const double by_all = by_caller + double(ran1.by_engine - ran0.by_engine);
+      std::vector<double> sorted = ratios;
+      std::sort(sorted.begin(), sorted.end());
       results.push_back({{"op", op.name},
                          {"size", size},
-                         {"bandwidth_gbps", bw},
-                         {"reference_gbps", ref},
-                         {"ratio", bw / ref}});
+                         {"bandwidth_gbps", median(b)},
+                         {"reference_gbps", median(r)},
+                         {"ratio", median(ratios)},
+                         {"ratio_q1_q3", {quantile(sorted, 0.25), quantile(sorted, 0.75)}},
+                         {"caller_ran_share", by_all > 0 ? by_caller / by_all : 0.0},
+                         {"rounds_gbps", rounds}});
     }
   }
   check(dev.destroy_stream(stream), "destroy stream");
@@ -129,7 +171,9 @@ void run_copy_bench(const CopyBenchArgs& a) {
   const bool pinned = host.capabilities().pinned;
   const std::string method = fmt::format(
       "device-emu memcpy_async + synchronize_stream on one stream vs plain memcpy between the same "
-      "buffers; {} alternating rounds of ~{:.0f} ms each, median; GB/s = 1e9 bytes/s",
+      "buffers; {} rounds of one ~{:.0f} ms slice each, order swapped every round; bandwidths are "
+      "medians over rounds, ratio the median of each round's backend/reference; GB/s = 1e9 "
+      "bytes/s",
       a.rounds, slice * 1e3);
   if (a.json) {
     nlohmann::json out;
@@ -141,23 +185,30 @@ void run_copy_bench(const CopyBenchArgs& a) {
     out["throttle_gbps"] = a.throttle_gbps;  // 0 = unthrottled
     out["spin_us"] = a.spin_us;
     out["chunk_bytes"] = dopt.chunk_bytes;
+    out["caller_runs_queued"] = dopt.caller_runs_queued;
     out["seconds"] = a.seconds;
     out["results"] = results;
     fmt::print("{}\n", out.dump(2));
     return;
   }
   fmt::print("u3m bench copy: measured on {}\n{}\n", where, method);
-  fmt::print("host buffer pinned: {}; link throttle: {}; hand-off spin: {} us; chunk: {}\n\n",
-             pinned ? "yes" : "no (mlock refused)",
-             a.throttle_gbps > 0 ? fmt::format("{} GB/s per direction", a.throttle_gbps)
-                                 : std::string("none"),
-             a.spin_us, human_bytes(dopt.chunk_bytes));
-  fmt::print("{:<4} {:>8} {:>14} {:>13} {:>7}\n", "op", "size", "device-emu GB/s", "memcpy GB/s",
-             "ratio");
-  for (const auto& r : results)
-    fmt::print("{:<4} {:>8} {:>14.2f} {:>13.2f} {:>6.0f}%\n", r["op"].get<std::string>(),
-               human_bytes(r["size"].get<std::uint64_t>()), r["bandwidth_gbps"].get<double>(),
-               r["reference_gbps"].get<double>(), 100 * r["ratio"].get<double>());
+  fmt::print(
+      "host buffer pinned: {}; link throttle: {}; hand-off spin: {} us; chunk: {}; waiting "
+      "caller runs queued copies: {}\n\n",
+      pinned ? "yes" : "no (mlock refused)",
+      a.throttle_gbps > 0 ? fmt::format("{} GB/s per direction", a.throttle_gbps)
+                          : std::string("none"),
+      a.spin_us, human_bytes(dopt.chunk_bytes), dopt.caller_runs_queued ? "yes" : "no");
+  fmt::print("{:<4} {:>8} {:>15} {:>12} {:>6} {:>13} {:>10}\n", "op", "size", "device-emu GB/s",
+             "memcpy GB/s", "ratio", "ratio q1-q3", "by caller");
+  for (const auto& r : results) {
+    const auto& q = r["ratio_q1_q3"];
+    fmt::print("{:<4} {:>8} {:>15.2f} {:>12.2f} {:>5.0f}% {:>6.0f}-{:>3.0f}% {:>9.0f}%\n",
+               r["op"].get<std::string>(), human_bytes(r["size"].get<std::uint64_t>()),
+               r["bandwidth_gbps"].get<double>(), r["reference_gbps"].get<double>(),
+               100 * r["ratio"].get<double>(), 100 * q[0].get<double>(), 100 * q[1].get<double>(),
+               100 * r["caller_ran_share"].get<double>());
+  }
 }
 
 }  // namespace
@@ -183,6 +234,9 @@ void add_bench_copy_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--chunk", args->chunk, "Copy engine chunk size (K, M, G = KiB, MiB, GiB)")
       ->capture_default_str();
+  cmd->add_flag("--engine-only", args->engine_only,
+                "Never let the waiting caller run queued copies itself (measures the engine "
+                "thread alone)");
   cmd->callback([args] { run_copy_bench(*args); });
 }
 

@@ -9,8 +9,8 @@
 //                  threads in synchronize_event, copy engines in a
 //                  stream_wait_event). Copy engines take it after their own
 //                  stream lock is released.
-//   Stream::mu     one stream's queue; work_cv wakes its engine, idle_cv
-//                  wakes synchronize_stream.
+//   Stream::mu     one stream's queue and its busy flag; work_cv wakes its
+//                  engine, idle_cv wakes synchronize_stream.
 //
 // Note [Hand-off latency]
 // A copy crosses two threads: the caller enqueues, the stream's engine copies,
@@ -31,6 +31,26 @@
 // A large copy is not split across two engine threads: on that VM a 64 MiB
 // memcpy ran at 6.5 GB/s on one thread and 6.3 GB/s on two, since one core
 // already saturates the memory bandwidth it gets.
+//
+// Note [A waiting caller runs the copy]
+// The engine is a thread, so a copy only progresses while the scheduler runs
+// that thread. When other processes keep both of the dev VM's cores busy, the
+// engine often waits for a core while the caller, already running, waits for
+// the engine, and a hand-off can cost a scheduler slice (~ms). Measured there
+// with `u3m bench copy --engine-only` at load 5-5.5: 73-96% of memcpy at
+// 4 MiB, 82-103% at 16 MiB, while memcpy timed against itself the same way
+// stayed at 98-103% (docs/memory.md, "Measured: u3m bench copy"). A real copy
+// engine never waits for a CPU, and an emulated one should not make its caller
+// wait for one either. So synchronize_stream first runs, on the calling
+// thread, the ops of its stream that were enqueued before the call and that
+// no one has started, in order: five default bench runs at load 4-5 then
+// gave 92-107% at 4-64 MiB. Stream order holds because one op runs at a time
+// per stream, by whoever set StreamState::busy; the engine leaves the queue
+// alone while it is set. Only a thread that would block anyway does this, so
+// memcpy_async stays asynchronous and a caller that keeps working overlaps
+// with the engine as before. Throttle, failure and the before_chunk hook apply
+// alike on either thread. DeviceEmuOptions::caller_runs_queued = false turns
+// it off.
 //
 // failed_ and stopping_ are atomics read without locks on the hot path;
 // whoever sets one then takes and drops every mutex a waiter could be
@@ -173,10 +193,11 @@ struct DeviceEmuBackend::Impl {
     std::mutex mu;
     std::condition_variable work_cv, idle_cv;
     std::deque<Op> queue;
-    // Ops ever enqueued / finished; atomics so the spinning fast paths
-    // (Note [Hand-off latency]) can read them without the lock.
-    std::atomic<std::uint64_t> submitted{0}, finished{0};
+    // Ops ever enqueued / taken from the queue / finished; atomics so the
+    // spinning fast paths (Note [Hand-off latency]) can read them unlocked.
+    std::atomic<std::uint64_t> submitted{0}, started{0}, finished{0};
     bool stop = false;
+    bool busy = false;          // an op of this stream is running (engine or caller)
     Status error = Status::ok;  // first asynchronous error, sticky
     std::thread engine;
   };
@@ -188,6 +209,7 @@ struct DeviceEmuBackend::Impl {
   std::array<Link, kNumCopyKinds> links;
   std::atomic<bool> failed{false};
   std::atomic<bool> stopping{false};
+  std::atomic<std::uint64_t> ops_by_engine{0}, ops_by_caller{0};
 
   mutable std::mutex mu;
   std::uint64_t used = 0;  // allocate() bytes + physical chunk bytes
@@ -290,30 +312,61 @@ struct DeviceEmuBackend::Impl {
   }
 
   void engine(StreamState& s) {
-    std::uint64_t taken = 0;
     std::unique_lock lk(s.mu);
     for (;;) {
-      if (s.queue.empty() && !s.stop) {
+      if ((s.queue.empty() || s.busy) && !s.stop) {
         lk.unlock();
         spin_until(
-            [&] { return s.submitted.load(std::memory_order_acquire) != taken || stopping.load(); },
+            [&] {
+              return s.submitted.load(std::memory_order_acquire) !=
+                         s.started.load(std::memory_order_acquire) ||
+                     stopping.load();
+            },
             opt.spin_ns);
         lk.lock();
       }
-      s.work_cv.wait(lk, [&] { return s.stop || !s.queue.empty(); });
+      s.work_cv.wait(lk, [&] { return s.stop || (!s.queue.empty() && !s.busy); });
       if (s.stop) break;
-      Op op = s.queue.front();
-      s.queue.pop_front();
-      ++taken;
-      lk.unlock();
-      Status st = execute(s, op);
-      lk.lock();
-      if (!ok(st) && ok(s.error)) s.error = st;
-      s.finished.fetch_add(1, std::memory_order_release);
-      s.idle_cv.notify_all();  // cheap when nobody waits
+      if (opt.before_engine_op) {
+        lk.unlock();
+        opt.before_engine_op(s.id);
+        lk.lock();
+        if (s.stop) break;
+        if (s.queue.empty() || s.busy) continue;  // a waiting caller took it meanwhile
+      }
+      run_front(s, lk, ops_by_engine);
     }
     s.queue.clear();
     s.idle_cv.notify_all();
+  }
+
+  // Runs the op at the head of s's queue; lk holds s.mu, is released while
+  // the op runs, and is held again on return.
+  void run_front(StreamState& s, std::unique_lock<std::mutex>& lk,
+                 std::atomic<std::uint64_t>& count) {
+    Op op = s.queue.front();
+    s.queue.pop_front();
+    s.busy = true;
+    s.started.fetch_add(1, std::memory_order_release);
+    lk.unlock();
+    Status st = execute(s, op);
+    lk.lock();
+    if (!ok(st) && ok(s.error)) s.error = st;
+    s.busy = false;
+    count.fetch_add(1, std::memory_order_relaxed);
+    s.finished.fetch_add(1, std::memory_order_release);
+    s.idle_cv.notify_all();  // cheap when nobody waits
+    s.work_cv.notify_all();  // the engine may wait for busy to clear
+  }
+
+  // Note [A waiting caller runs the copy]: runs, on the calling thread, the
+  // ops enqueued before `target` that no one has started, while no one else
+  // runs one of this stream's ops.
+  void run_queued(StreamState& s, std::uint64_t target) {
+    std::unique_lock lk(s.mu);
+    while (!s.stop && !failed && !s.busy && !s.queue.empty() &&
+           s.started.load(std::memory_order_relaxed) < target)
+      run_front(s, lk, ops_by_caller);
   }
 
   Status execute(const StreamState& s, const Op& op) {
@@ -543,6 +596,7 @@ Status DeviceEmuBackend::synchronize_stream(Stream stream) {
   // keep adding meanwhile.
   const std::uint64_t target = s->submitted.load(std::memory_order_acquire);
   auto done = [&] { return s->finished.load(std::memory_order_acquire) >= target || m.failed; };
+  if (m.opt.caller_runs_queued) m.run_queued(*s, target);
   Impl::spin_until(done, m.opt.sync_spin_ns);
   std::unique_lock lk(s->mu);
   s->idle_cv.wait(lk, [&] { return done() || s->stop; });
@@ -741,6 +795,11 @@ Status DeviceEmuBackend::unmap(void* va) {
   --ph.map_count;
   r->second.mappings.erase(mp);
   return Status::ok;
+}
+
+DeviceEmuRunStats DeviceEmuBackend::run_stats() const {
+  return {.by_engine = impl_->ops_by_engine.load(std::memory_order_relaxed),
+          .by_caller = impl_->ops_by_caller.load(std::memory_order_relaxed)};
 }
 
 void DeviceEmuBackend::inject_failure() {

@@ -1,6 +1,9 @@
 // device-emu memory, copies, streams, events, throttle and failure; host tier.
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -293,13 +296,79 @@ TEST(DeviceEmu, DestroyingAnEventReleasesStreamsWaitingOnIt) {
   U3M_ASSERT_OK(dev.destroy_stream(waiter));
 }
 
+// Note [A waiting caller runs the copy]: with the engine held before it takes
+// any op (as a CPU-starved engine thread would be), synchronize_stream must
+// still finish, by running the stream's ops in order on the calling thread.
+TEST(DeviceEmu, SynchronizeRunsQueuedOpsWhenTheEngineIsStarved) {
+  Gate engine_gate;
+  std::atomic<std::uint64_t> held_stream{~0ull};
+  std::mutex mu;
+  std::set<std::thread::id> copying_threads;
+  DeviceEmuBackend dev({.capacity = 8 * MiB,
+                        .chunk_bytes = 64 * KiB,
+                        .before_chunk =
+                            [&](CopyKind, std::uint64_t, std::uint64_t) {
+                              std::lock_guard g(mu);
+                              copying_threads.insert(std::this_thread::get_id());
+                            },
+                        .before_engine_op =
+                            [&](std::uint64_t stream) {
+                              if (stream == held_stream) engine_gate.pass();
+                            }});
+  Stream s;
+  Event e;
+  U3M_ASSERT_OK(dev.create_stream(&s));
+  U3M_ASSERT_OK(dev.create_event(&e));
+  void* d = nullptr;
+  U3M_ASSERT_OK(dev.allocate(256 * KiB, &d));
+  auto src = pattern(21, 256 * KiB);
+  std::vector<std::uint8_t> out(256 * KiB, 0);
+  held_stream = s.id;
+  engine_gate.close();
+  const DeviceEmuRunStats before = dev.run_stats();
+  // The second copy reads what the first wrote: only in-order running gives src.
+  U3M_ASSERT_OK(dev.memcpy_async(d, 256 * KiB, src.data(), 256 * KiB, CopyKind::h2d, s));
+  U3M_ASSERT_OK(dev.record_event(e, s));
+  U3M_ASSERT_OK(dev.memcpy_async(out.data(), 256 * KiB, d, 256 * KiB, CopyKind::d2h, s));
+  engine_gate.wait_for_waiters(1);  // the engine is held, queue untouched
+  std::atomic<bool> synced{false};
+  Status st = Status::busy;
+  const std::thread::id caller = std::this_thread::get_id();
+  // Opens the gate after 10 s, so a regression fails the test instead of
+  // hanging it.
+  std::thread watchdog([&] {
+    for (int i = 0; i < 1000 && !synced; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    engine_gate.open();
+  });
+  st = dev.synchronize_stream(s);
+  synced = true;
+  watchdog.join();
+  engine_gate.open();
+  U3M_ASSERT_OK(st);
+  EXPECT_EQ(out, src);
+  EXPECT_EQ(dev.query_event(e), Status::ok);
+  {
+    std::lock_guard g(mu);
+    EXPECT_EQ(copying_threads, std::set<std::thread::id>{caller}) << "the held engine copied";
+  }
+  const DeviceEmuRunStats after = dev.run_stats();
+  EXPECT_EQ(after.by_caller - before.by_caller, 3u) << "two copies and one record";
+  EXPECT_EQ(after.by_engine, before.by_engine);
+  U3M_ASSERT_OK(dev.destroy_stream(s));
+  U3M_ASSERT_OK(dev.destroy_event(e));
+  U3M_ASSERT_OK(dev.free(d));
+}
+
 // Many host threads, each with an inbound and an outbound stream, moving
 // round trips through device memory and handing each round from one stream
-// to the other with an event. Run under TSan.
-TEST(DeviceEmu, ManyConcurrentStreamsKeepDataIntact) {
+// to the other with an event. Run under TSan, with and without waiting
+// callers running queued ops (Note [A waiting caller runs the copy]).
+void many_streams_round_trips(bool caller_runs_queued) {
   constexpr int kThreads = 8, kRounds = 40;
   constexpr std::uint64_t kBytes = 96 * KiB;
-  DeviceEmuBackend dev({.capacity = 64 * MiB, .chunk_bytes = 32 * KiB});
+  DeviceEmuBackend dev(
+      {.capacity = 64 * MiB, .chunk_bytes = 32 * KiB, .caller_runs_queued = caller_runs_queued});
   std::atomic<int> failures{0};
   auto check = [&](Status st) {
     if (st != Status::ok) ++failures;
@@ -340,6 +409,20 @@ TEST(DeviceEmu, ManyConcurrentStreamsKeepDataIntact) {
   std::uint64_t free_b = 0, total = 0;
   U3M_ASSERT_OK(dev.mem_info(&free_b, &total));
   EXPECT_EQ(free_b, total);
+  // Every op ran exactly once: per round 3 copies, a record and a wait.
+  const DeviceEmuRunStats ran = dev.run_stats();
+  EXPECT_EQ(ran.by_engine + ran.by_caller, std::uint64_t{kThreads} * kRounds * 5);
+  if (!caller_runs_queued) {
+    EXPECT_EQ(ran.by_caller, 0u);
+  }
+}
+
+TEST(DeviceEmu, ManyConcurrentStreamsKeepDataIntact) {
+  many_streams_round_trips(true);
+}
+
+TEST(DeviceEmu, ManyConcurrentStreamsKeepDataIntactEngineOnly) {
+  many_streams_round_trips(false);
 }
 
 // ---- throttle and failure --------------------------------------------------

@@ -1,9 +1,12 @@
 // End to end: `u3m bench copy --json` reports every requested (op, size) with
-// consistent figures; bad input fails with a message naming the option.
+// figures consistent with its raw rounds; bad input fails with a message
+// naming the option.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -17,24 +20,55 @@ CliRun run(const std::string& args, bool with_stderr = true) {
   return u3m::testing::run_cli(args, with_stderr);
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];  // odd sizes only here
+}
+
 TEST(BenchCopyCli, JsonHasOneResultPerOpAndSize) {
-  const CliRun r = run("bench copy --json --sizes 64K,1MiB --seconds 0.2 --rounds 1", false);
+  const CliRun r = run("bench copy --json --sizes 64K,1MiB --seconds 0.2 --rounds 3", false);
   ASSERT_EQ(r.status, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output);
   EXPECT_NE(j["figures"].get<std::string>().find("measured on"), std::string::npos);
   EXPECT_TRUE(j.contains("machine"));
   EXPECT_TRUE(j.contains("method"));
+  EXPECT_TRUE(j["caller_runs_queued"].get<bool>());
   std::set<std::pair<std::string, std::uint64_t>> seen;
   for (const auto& res : j["results"]) {
     seen.emplace(res["op"].get<std::string>(), res["size"].get<std::uint64_t>());
     const double bw = res["bandwidth_gbps"], ref = res["reference_gbps"], ratio = res["ratio"];
     EXPECT_GT(bw, 0);
     EXPECT_GT(ref, 0);
-    EXPECT_NEAR(ratio, bw / ref, 1e-9 * ratio);
+    // Medians of the raw rounds; the ratio pairs each round's two slices.
+    std::vector<double> b, rf, ratios;
+    for (const auto& round : res["rounds_gbps"]) {
+      b.push_back(round[0]);
+      rf.push_back(round[1]);
+      ratios.push_back(b.back() / rf.back());
+    }
+    ASSERT_EQ(ratios.size(), 3u);
+    EXPECT_DOUBLE_EQ(bw, median_of(b));
+    EXPECT_DOUBLE_EQ(ref, median_of(rf));
+    EXPECT_DOUBLE_EQ(ratio, median_of(ratios));
+    const double q1 = res["ratio_q1_q3"][0], q3 = res["ratio_q1_q3"][1];
+    EXPECT_LE(q1, ratio);
+    EXPECT_GE(q3, ratio);
+    const double share = res["caller_ran_share"];
+    EXPECT_GE(share, 0.0);
+    EXPECT_LE(share, 1.0);
   }
   const std::set<std::pair<std::string, std::uint64_t>> want = {
       {"h2d", 65536}, {"d2h", 65536}, {"h2d", 1048576}, {"d2h", 1048576}};
   EXPECT_EQ(seen, want);
+}
+
+TEST(BenchCopyCli, EngineOnlyLeavesEveryCopyToTheEngine) {
+  const CliRun r =
+      run("bench copy --json --sizes 64K --seconds 0.1 --rounds 1 --engine-only", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_FALSE(j["caller_runs_queued"].get<bool>());
+  for (const auto& res : j["results"]) EXPECT_EQ(res["caller_ran_share"].get<double>(), 0.0);
 }
 
 TEST(BenchCopyCli, ThrottleShowsInTheFigures) {

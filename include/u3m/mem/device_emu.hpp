@@ -1,6 +1,7 @@
 // device-emu: an emulated accelerator whose "HBM" is a capacity-limited arena
-// in host memory. Copy engines are worker threads, one per stream; an
-// optional per-direction throttle emulates a link's bandwidth. Expandable
+// in host memory. Copy engines are worker threads, one per stream (a caller
+// blocked in synchronize_stream runs the stream's not-yet-started ops itself);
+// an optional per-direction throttle emulates a link's bandwidth. Expandable
 // segments are emulated with mmap(PROT_NONE) reservations and memfd-backed
 // physical chunks mapped with MAP_FIXED (docs/memory.md, "Backends").
 #pragma once
@@ -29,9 +30,25 @@ struct DeviceEmuOptions {
   // hand-off latency (Note [Hand-off latency] in device_emu.cpp).
   std::uint64_t spin_ns = 50'000;
   std::uint64_t sync_spin_ns = 1'000'000;
-  // Test hook: called on the copy engine before each chunk is copied (kind,
-  // stream id, chunk bytes). Lets a test hold a copy "in flight".
+  // A caller in synchronize_stream runs its stream's queued ops itself when
+  // the engine has not started them yet (Note [A waiting caller runs the
+  // copy] in device_emu.cpp). Same order and results; false = engine only.
+  bool caller_runs_queued = true;
+  // Test hook: called before each chunk is copied (kind, stream id, chunk
+  // bytes), on the thread that copies it: the stream's engine, or a caller
+  // running queued work in synchronize_stream. Lets a test hold a copy "in
+  // flight".
   std::function<void(CopyKind, std::uint64_t stream, std::uint64_t bytes)> before_chunk{};
+  // Test hook: called on a stream's engine each time it is about to take an
+  // op from the queue (stream id). Lets a test hold the engine idle, as a
+  // thread starved of CPU would be.
+  std::function<void(std::uint64_t stream)> before_engine_op{};
+};
+
+// Who ran the ops (copies and event records) since construction.
+struct DeviceEmuRunStats {
+  std::uint64_t by_engine = 0;  // the streams' copy engine threads
+  std::uint64_t by_caller = 0;  // callers waiting in synchronize_stream
 };
 
 class DeviceEmuBackend final : public DeviceBackend {
@@ -72,6 +89,8 @@ class DeviceEmuBackend final : public DeviceBackend {
   // waiters wake up, and every later call returns device_failed. Memory stays
   // mapped until destruction so stale host-side pointers do not crash.
   void inject_failure();
+
+  DeviceEmuRunStats run_stats() const;
 
   // Alignment of allocate()'s pointers (like cudaMalloc's 256 B, ACL's 32 B+).
   static constexpr std::uint64_t kAllocAlignment = 512;
