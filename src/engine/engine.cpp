@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstddef>
 #include <limits>
 #include <stdexcept>
 #include <thread>
@@ -99,31 +100,40 @@ void EngineConfig::validate() const {
   }
 }
 
-struct Engine::Entry {
+// Note [Entry layout]
+// The pressure scan walks the whole LRU list of a tier, reading a few fields
+// of every copy (evictable(), the victim's id and size), and residency() is
+// asked for many tensors per op by the policies. Those fields fill the first
+// cache line of an over-aligned Entry, and entries are made in contiguous
+// chunks (Engine::new_entry), so a scan touches one line per copy.
+struct alignas(64) Engine::Entry {
+  // -- first cache line: what the scan and residency() read
+  Entry* lru_next[2] = {nullptr, nullptr};  // Engine::LruList, per memory tier
   TensorId id = 0;
   std::uint64_t bytes = 0;
+  std::uint64_t backoff_until = 0;
+  std::uint32_t readers[2] = {0, 0};
+  std::uint32_t waiters[2] = {0, 0};  // blocked acquirers, per tier
+  std::uint8_t valid = 0;             // bit per tier: holds the latest data
+  std::uint8_t evict_want = 0;        // tiers the data should leave
+  std::uint8_t prefetched = 0;        // copies a prefetch brought, not used yet
+  bool writer = false;
+  bool moving = false;  // Note [One move at a time]
+  bool lost = false;
+  bool ssd = false;           // an SSD entry exists
+  bool moving_evict = false;  // the running transfer is an eviction ...
+  // -- the rest
+  Entry* lru_prev[2] = {nullptr, nullptr};
   void* ptr[2] = {nullptr, nullptr};  // device, host buffers
   mem::PoolAllocation dev{};
-  bool ssd = false;        // an SSD entry exists
-  std::uint8_t valid = 0;  // bit per tier: holds the latest data
-  std::uint32_t readers[2] = {0, 0};
-  bool writer = false;
-  bool moving = false;                // Note [One move at a time]
-  bool moving_evict = false;          // the running transfer is an eviction ...
-  Tier moving_from = Tier::host;      // ... out of this tier
-  std::uint32_t waiters[2] = {0, 0};  // blocked acquirers, per tier
-  std::uint8_t prefetch_want = 0;     // tiers a prefetch asked for
-  std::uint8_t demand_want = 0;       // tiers a try_acquire asked for (not yet granted)
-  std::uint8_t prefetched = 0;        // copies a prefetch brought, not used yet
-  std::uint8_t evict_want = 0;        // tiers the data should leave
+  Tier moving_from = Tier::host;   // ... out of this tier
+  std::uint8_t prefetch_want = 0;  // tiers a prefetch asked for
+  std::uint8_t demand_want = 0;    // tiers a try_acquire asked for (not yet granted)
   std::uint8_t queued_prio[3] = {kNoPrio, kNoPrio, kNoPrio};  // best queued job into a tier
-  Status error[2] = {Status::ok, Status::ok};                 // the last failed fetch into a tier
-  std::uint64_t error_gen[2] = {0, 0};  // bumped when error[] of that tier is set
-  std::uint64_t backoff_until = 0, backoff_ns = 0;
-  bool lost = false;
   bool in_lru[2] = {false, false};
-  Entry* lru_prev[2] = {nullptr, nullptr};  // Engine::LruList, per memory tier
-  Entry* lru_next[2] = {nullptr, nullptr};
+  Status error[2] = {Status::ok, Status::ok};  // the last failed fetch into a tier
+  std::uint64_t error_gen[2] = {0, 0};         // bumped when error[] of that tier is set
+  std::uint64_t backoff_ns = 0;
 
   bool has(Tier t) const { return valid & bit(t); }
   std::uint32_t total_readers() const { return readers[0] + readers[1]; }
@@ -132,21 +142,26 @@ struct Engine::Entry {
 
 // Note [Entry table]
 // Every public call and every completion looks its tensor up by id, several
-// times per simulated event, so the id -> Entry map is a flat open-addressing
-// table (linear probing, Fibonacci hashing of the id, at most half full,
-// backward-shift deletion: no tombstones) instead of std::unordered_map's
-// node per entry and modulo by a prime. Entries live in arena_ and are
-// recycled through spare_ (a training step frees and re-adds its
-// activations), so add() and remove() allocate nothing in steady state. The
-// table is never iterated in an order that matters (only the destructor walks
-// it), so the layout cannot change a decision.
+// times per simulated event, so the id -> Entry map is flat. Ids below a
+// bound that grows with the table (4 per entry, 1024 at least) are indexed
+// directly in a vector: the simulator numbers a trace's tensors 1..N, so all
+// of its ids land there and a lookup is one load. Other ids (hashes, e.g.)
+// go to an open-addressing table (linear probing, Fibonacci hashing of the
+// id, at most half full, backward-shift deletion: no tombstones) instead of
+// std::unordered_map's node per entry and modulo by a prime. When the direct
+// range grows, the hashed ids it now covers move into it, so an id is in
+// exactly one place. Entries live in arena_ and are recycled through spare_
+// (a training step frees and re-adds its activations), so add() and
+// remove() allocate nothing in steady state. The table is never iterated in
+// an order that matters (only the destructor walks it), so the layout cannot
+// change a decision. Note [Entry layout] says why entries come in chunks.
 
 std::size_t Engine::EntryTable::home(TensorId id) const {
   return static_cast<std::size_t>((id * 0x9E3779B97F4A7C15ull) >> shift_);
 }
 
-Engine::Entry* Engine::EntryTable::find(TensorId id) const {
-  if (slots_.empty()) return nullptr;
+Engine::Entry* Engine::EntryTable::find_hashed(TensorId id) const {
+  if (hashed_ == 0) return nullptr;
   const std::size_t mask = slots_.size() - 1;
   for (std::size_t i = home(id);; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
@@ -156,13 +171,44 @@ Engine::Entry* Engine::EntryTable::find(TensorId id) const {
 }
 
 bool Engine::EntryTable::insert(TensorId id, Entry* e) {
-  if (2 * (size_ + 1) > slots_.size()) grow();
+  if (id >= dense_.size() && id < 4 * (size_ + 1) + 1024) grow_dense(id);
+  if (id < dense_.size()) {
+    if (dense_[id]) return false;
+    dense_[id] = e;
+    ++size_;
+    return true;
+  }
+  if (!insert_hashed(id, e)) return false;
+  ++size_;
+  return true;
+}
+
+// Covers `id` directly (at least doubling the range) and moves the hashed ids
+// the new range covers out of slots_.
+void Engine::EntryTable::grow_dense(TensorId id) {
+  const std::size_t n = std::max<std::size_t>({2 * dense_.size(), id + 1, 1024});
+  dense_.resize(n, nullptr);
+  if (hashed_ == 0) return;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(old.size(), Slot{});
+  hashed_ = 0;
+  for (const Slot& s : old) {
+    if (!s.e) continue;
+    if (s.id < n)
+      dense_[s.id] = s.e;
+    else
+      insert_hashed(s.id, s.e);
+  }
+}
+
+bool Engine::EntryTable::insert_hashed(TensorId id, Entry* e) {
+  if (2 * (hashed_ + 1) > slots_.size()) grow();
   const std::size_t mask = slots_.size() - 1;
   for (std::size_t i = home(id);; i = (i + 1) & mask) {
     Slot& s = slots_[i];
     if (!s.e) {
       s = Slot{id, e};
-      ++size_;
+      ++hashed_;
       return true;
     }
     if (s.id == id) return false;
@@ -170,7 +216,12 @@ bool Engine::EntryTable::insert(TensorId id, Entry* e) {
 }
 
 void Engine::EntryTable::erase(TensorId id) {
-  if (slots_.empty()) return;
+  if (id < dense_.size()) {
+    if (dense_[id]) --size_;
+    dense_[id] = nullptr;
+    return;
+  }
+  if (hashed_ == 0) return;
   const std::size_t mask = slots_.size() - 1;
   std::size_t i = home(id);
   for (;; i = (i + 1) & mask) {
@@ -188,6 +239,7 @@ void Engine::EntryTable::erase(TensorId id) {
     }
   }
   slots_[i] = Slot{};
+  --hashed_;
   --size_;
 }
 
@@ -196,16 +248,20 @@ void Engine::EntryTable::grow() {
   const std::size_t n = old.empty() ? 64 : 2 * old.size();
   slots_.assign(n, Slot{});
   shift_ = 64 - static_cast<unsigned>(std::countr_zero(n));
-  size_ = 0;
+  hashed_ = 0;
   for (const Slot& s : old) {
-    if (s.e) insert(s.id, s.e);
+    if (s.e) insert_hashed(s.id, s.e);
   }
 }
 
 Engine::Entry* Engine::new_entry() {
+  static_assert(offsetof(Entry, moving_evict) < 64, "Note [Entry layout]: the scan's fields");
   if (spare_.empty()) {
-    arena_.push_back(std::make_unique<Entry>());
-    return arena_.back().get();
+    if (arena_used_ == kArenaChunk || arena_.empty()) {
+      arena_.push_back(std::make_unique<Entry[]>(kArenaChunk));
+      arena_used_ = 0;
+    }
+    return &arena_.back()[arena_used_++];
   }
   Entry* e = spare_.back();
   spare_.pop_back();
@@ -226,6 +282,8 @@ Engine::Engine(EngineConfig config, mem::DevicePool& device_pool, mem::MemoryBac
       clock_(clock),
       monitor_(config.monitor) {
   config_.validate();
+  high_[0] = config_.device.high_watermark * static_cast<double>(config_.device.capacity);
+  high_[1] = config_.host.high_watermark * static_cast<double>(config_.host.capacity);
   transport_.set_completion([this](const Transfer& t, Status s) { on_done(t, s); });
 }
 
@@ -254,6 +312,12 @@ void Engine::note_use(Tier t) {
                       : t == Tier::host ? config_.host.capacity
                                         : 0;
   monitor_.record(t, used_[i], cap, clock_.now_ns());
+}
+
+void Engine::count_eviction() {
+  ++st_.evictions;
+  // The only writer holds the lock: a plain store, read without it.
+  evictions_.store(st_.evictions, std::memory_order_relaxed);
 }
 
 void Engine::lru_unlink(Entry& e, int i) {
@@ -337,22 +401,11 @@ void Engine::drop_stale(Entry& e, Tier keep, Actions& act) {
   }
 }
 
-std::uint64_t Engine::pending_bytes(Tier t) const {
-  // Bytes queued to land in t and not yet started. Kept per link as jobs are
-  // queued and popped, so it is O(1); stale jobs count until popped, which
-  // only makes eviction start a little early.
-  std::uint64_t sum = 0;
-  for (int l = 0; l < kNumLinks; ++l) {
-    if (link_dst(static_cast<Link>(l)) == t) sum += links_[l].bytes;
-  }
-  return sum;
-}
-
-// Evictable now; a copy held back only by its write-back back-off lowers
-// *retry_at to when it becomes evictable.
-bool Engine::evictable(const Entry& e, Tier t, std::uint64_t* retry_at) const {
+// Evictable at `now`; a copy held back only by its write-back back-off
+// lowers *retry_at to when it becomes evictable.
+bool Engine::evictable(const Entry& e, Tier t, std::uint64_t now, std::uint64_t* retry_at) const {
   if (!e.has(t) || e.pinned(t) || e.moving || e.waiters[idx(t)] != 0) return false;
-  if (clock_.now_ns() < e.backoff_until) {
+  if (now < e.backoff_until) {
     *retry_at = std::min(*retry_at, e.backoff_until);
     return false;
   }
@@ -418,11 +471,13 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
   const double cap = static_cast<double>(lim.capacity);
   const int i = idx(t);
   double load = static_cast<double>(used_[i] + pending_bytes(t) + short_[i]);
-  if (load <= lim.high_watermark * cap) return;
+  if (load <= high_[i]) return;
   // Nothing changed since a scan that could evict nothing: do not rescan
   // (a tier that cannot shed, e.g. host without an SSD tier, would otherwise
   // be scanned at every call).
-  if (futile_[i] == changes_ && clock_.now_ns() < futile_retry_[i]) return;
+  // The clock is read once: a scan is one decision at one instant.
+  const std::uint64_t now = clock_.now_ns();
+  if (futile_[i] == changes_ && now < futile_retry_[i]) return;
   const std::uint64_t evictions_before = st_.evictions;
   const std::uint64_t leaving_before = leaving_[i];
   std::uint64_t retry_at = ~0ull;  // the earliest back-off that ends
@@ -446,7 +501,7 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
                                          : (e.has(Tier::ssd) || e.has(Tier::device));
     if (lower_valid) {  // clean: Note [Upper copy until the lower is confirmed]
       free_copy(e, t, act);
-      ++st_.evictions;
+      count_eviction();
       ++st_.clean_drops;
     } else {
       if (t == Tier::host && !transport_.has_ssd()) return false;  // nowhere to go
@@ -456,7 +511,7 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
     return true;
   };
   auto candidate = [&](const Entry& e) {
-    if ((e.evict_want & bit(t)) || !evictable(e, t, &retry_at)) return false;
+    if ((e.evict_want & bit(t)) || !evictable(e, t, now, &retry_at)) return false;
     // Host data with no other copy can leave only to an SSD tier.
     return t == Tier::device || transport_.has_ssd() || e.has(Tier::ssd) || e.has(Tier::device);
   };
@@ -482,21 +537,35 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
   // more to take: then no score is asked for. The pass over the candidates
   // only finds when a write-back back-off ends (retry_at, for the futile-scan
   // memo), so it is skipped when no back-off can still be running. When
-  // something must go, a min-heap on (score, LRU rank), a strict order,
-  // yields the sort's sequence in O(n + k log n) for the k copies taken.
+  // something must go, (score, LRU rank) is a strict order: the first copy
+  // taken is the minimum, found while scoring; only if more must go does a
+  // min-heap of the rest yield the sort's sequence, O(n + k log n) for the k
+  // copies taken. (Half the scans take one copy: they skip the heap.)
   if (load <= target) {
-    if (clock_.now_ns() < backoff_horizon_) {
+    if (now < backoff_horizon_) {
       for (Entry* x = lru_[i].head; x; x = x->lru_next[i]) candidate(*x);
     }
     return;
   }
   victims_.clear();
   std::uint64_t rank = 0;
+  std::size_t best = 0;  // index of the minimum in victims_
   for (Entry* x = lru_[i].head; x; x = x->lru_next[i]) {
     if (!candidate(*x)) continue;
     const double score = victim_score_(x->id, t);
-    if (score < std::numeric_limits<double>::infinity()) victims_.push_back({score, rank++, x});
+    if (!(score < std::numeric_limits<double>::infinity())) continue;  // +inf or NaN: never
+    // Strictly lower only: an equal score later in LRU order ranks after.
+    if (!victims_.empty() && score < victims_[best].score) best = victims_.size();
+    victims_.push_back({score, rank++, x});
   }
+  if (victims_.empty()) return;
+  {
+    Entry& e = *victims_[best].e;
+    if (take(e)) load -= static_cast<double>(e.bytes);
+  }
+  if (load <= target) return;
+  victims_[best] = victims_.back();
+  victims_.pop_back();
   auto later = [](const Victim& a, const Victim& b) {
     return a.score != b.score ? a.score > b.score : a.rank > b.rank;
   };
@@ -557,8 +626,9 @@ void Engine::pump(Actions& act) {
   // Two passes: allocations that failed in the first (short_) make the
   // second evict enough for them.
   for (int pass = 0; pass < 2; ++pass) {
-    evict_for_pressure(Tier::device, act);
-    evict_for_pressure(Tier::host, act);
+    // Below the high watermark, the usual case, nothing is scanned.
+    if (over_high(Tier::device)) evict_for_pressure(Tier::device, act);
+    if (over_high(Tier::host)) evict_for_pressure(Tier::host, act);
     short_[0] = short_[1] = 0;
     for (int l = 0; l < kNumLinks; ++l) {
       LinkQueue& lq = links_[l];
@@ -631,7 +701,7 @@ void Engine::on_done(const Transfer& t, Status s) {
         set_evict_want(e, from, false);
         if (!e.pinned(from) && e.waiters[idx(from)] == 0) {
           free_copy(e, from, act);
-          ++st_.evictions;
+          count_eviction();
         }
       }
       // Next hop of a two-hop fetch (SSD -> host -> device), or a copy that
@@ -935,7 +1005,7 @@ Status Engine::evict(TensorId id, Tier from) {
                                             : (e.has(Tier::ssd) || e.has(Tier::device));
     if (lower) {
       free_copy(e, from, act);
-      ++st_.evictions;
+      count_eviction();
       ++st_.clean_drops;
     } else {
       if (from == Tier::host && !transport_.has_ssd()) return Status::unsupported;
@@ -985,9 +1055,9 @@ EngineStats Engine::stats() const {
   return st_;
 }
 
+// Lock-free: the simulator asks after every pass over a step's tensors.
 std::uint64_t Engine::evictions() const {
-  std::lock_guard lk(mu_);
-  return st_.evictions;
+  return evictions_.load(std::memory_order_relaxed);
 }
 
 mem::TierReport Engine::monitor(Tier t) const {

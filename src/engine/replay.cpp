@@ -175,14 +175,16 @@ double transfer_overhead_s(const ReplayOptions& o, std::uint64_t bytes, int reps
 std::uint64_t trace_footprint(const trace::Trace& trace) {
   std::vector<std::uint8_t> live(trace.tensors.size(), 0);
   std::uint64_t now = 0, peak = 0;
+  // Most events touch a live tensor and change nothing: the tensor's size
+  // (a cache line of its own) is read only when it comes or goes.
   for (const trace::Event& ev : trace.events) {
-    const std::uint64_t b = trace.tensors[ev.tensor].bytes;
+    std::uint8_t& l = live[ev.tensor];
     if (ev.kind == trace::EventKind::free) {
-      if (live[ev.tensor]) now -= b;
-      live[ev.tensor] = 0;
-    } else if (!live[ev.tensor]) {
-      live[ev.tensor] = 1;
-      now += b;
+      if (l) now -= trace.tensors[ev.tensor].bytes;
+      l = 0;
+    } else if (!l) {
+      l = 1;
+      now += trace.tensors[ev.tensor].bytes;
       peak = std::max(peak, now);
     }
   }

@@ -45,13 +45,18 @@ void Monitor::record(Tier t, std::uint64_t used, std::uint64_t capacity, std::ui
     s.window.push_back(Sample{now_ns, used});
     s.sums.add(x_of(s.window.back()), static_cast<double>(used), 1);
     s.last_sample_ns = now_ns;
+    slide(s, now_ns);
   } else {
+    // The newest sample's use changes, its time does not: only the sums
+    // over y move (the difference of two uses below 2^53 bytes is exact).
     Sample& newest = s.window.back();
-    s.sums.add(x_of(newest), static_cast<double>(newest.used), -1);
+    const double dy = static_cast<double>(used) - static_cast<double>(newest.used);
     newest.used = used;
-    s.sums.add(x_of(newest), static_cast<double>(used), 1);
+    s.sums.sy += dy;
+    s.sums.sxy += x_of(newest) * dy;
+    // No sample was added, so only age can drop one: the oldest's.
+    if (s.window.front().t_ns + config_.window_ns < now_ns) slide(s, now_ns);
   }
-  slide(s, now_ns);
   update_growth(s);
 
   Level before = r.level;
@@ -61,7 +66,10 @@ void Monitor::record(Tier t, std::uint64_t used, std::uint64_t capacity, std::ui
       if (r.level >= Level::warning && before < Level::warning) ++r.warnings;
       if (r.level == Level::critical) ++r.criticals;
     }
-    if (alert_) alert_(r, before);
+    if (alert_) {
+      fill_estimates(s, r);
+      alert_(r, before);
+    }
   }
 }
 
@@ -92,21 +100,46 @@ void Monitor::slide(State& s, std::uint64_t now_ns) const {
   }
 }
 
+// Per record, only the shortest time to OOM is kept up to date; the growth
+// and the current time to OOM follow from the sums and the report's fields,
+// so they are computed when read (report(), an alert), the same way. The
+// quotients are taken only when they can matter: growth only when the
+// slope's numerator is positive (its denominator is), and time to OOM only
+// when it can be a new minimum: headroom / growth < min implies headroom <=
+// min * growth even after rounding (rounding is monotone), so the minimum is
+// the same as dividing at every record.
+double Monitor::growth_of(const Sums& m) {
+  const double denom = m.n * m.sxx - m.sx * m.sx;
+  return (m.n >= 2 && denom > 0) ? (m.n * m.sxy - m.sx * m.sy) / denom : 0.0;
+}
+
 void Monitor::update_growth(State& s) const {
   TierReport& r = s.r;
   const Sums& m = s.sums;
-  const double denom = m.n * m.sxx - m.sx * m.sx;
-  r.growth_bytes_per_s = (m.n >= 2 && denom > 0) ? (m.n * m.sxy - m.sx * m.sy) / denom : 0.0;
-  r.time_to_oom_s = std::numeric_limits<double>::infinity();
-  if (r.capacity > 0 && r.growth_bytes_per_s > 0) {
-    double headroom = r.used >= r.capacity ? 0.0 : static_cast<double>(r.capacity - r.used);
-    r.time_to_oom_s = headroom / r.growth_bytes_per_s;
-    r.min_time_to_oom_s = std::min(r.min_time_to_oom_s, r.time_to_oom_s);
-  }
+  if (r.capacity == 0 || !(m.n * m.sxy - m.sx * m.sy > 0)) return;  // not growing: no OOM
+  const double growth = growth_of(m);
+  if (!(growth > 0)) return;
+  const double headroom = headroom_of(r);
+  if (headroom <= r.min_time_to_oom_s * growth)
+    r.min_time_to_oom_s = std::min(r.min_time_to_oom_s, headroom / growth);
+}
+
+double Monitor::headroom_of(const TierReport& r) {
+  return r.used >= r.capacity ? 0.0 : static_cast<double>(r.capacity - r.used);
+}
+
+void Monitor::fill_estimates(const State& s, TierReport& r) {
+  r.growth_bytes_per_s = growth_of(s.sums);
+  r.time_to_oom_s = r.capacity > 0 && r.growth_bytes_per_s > 0
+                        ? headroom_of(r) / r.growth_bytes_per_s
+                        : std::numeric_limits<double>::infinity();
 }
 
 TierReport Monitor::report(Tier t) const {
-  return tiers_[static_cast<int>(t)].r;
+  const State& s = tiers_[static_cast<int>(t)];
+  TierReport r = s.r;
+  fill_estimates(s, r);
+  return r;
 }
 
 }  // namespace u3m::mem

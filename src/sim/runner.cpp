@@ -64,6 +64,58 @@ OpTimeFn compute_model(const SimOptions& o) {
               "no compute model: give op_time, a hardware profile, or flop_rate / mem_bandwidth");
 }
 
+// "layer_12.attn.q_proj" -> "layer_*.attn.q_proj": one family per op kind.
+// Built in `key` (reused: op names outgrow the small-string buffer).
+void family_key(const std::string& name, std::string& key) {
+  auto digit = [&name](std::size_t i) {
+    return std::isdigit(static_cast<unsigned char>(name[i])) != 0;
+  };
+  key.clear();
+  std::size_t from = 0;  // start of the run not copied yet
+  for (std::size_t i = 0; i + 1 < name.size(); ++i) {
+    if (name[i] != '_' || !digit(i + 1)) continue;
+    key.append(name, from, i + 1 - from);
+    key += '*';
+    std::size_t j = i + 1;
+    while (j < name.size() && digit(j)) ++j;
+    from = j;
+    i = j - 1;
+  }
+  key.append(name, from);
+}
+
+// Note [Trace tables]
+// What every step reads of the trace, derived once per trace and shared by
+// the cards that run it (a training run's cards mostly run one trace): each
+// tensor's size in a flat array (a trace::Tensor is a cache line of its
+// own), each step's device bytes, each op's family, and the footprint. Only
+// the figures the runner reads move here; no decision changes.
+struct TraceTables {
+  TraceTables(const trace::Trace& trace, const std::vector<Step>& steps)
+      : footprint(engine::trace_footprint(trace)),
+        bytes(trace.tensors.size()),
+        need(steps.size()),
+        family_of_op(trace.ops.size()) {
+    for (std::size_t t = 0; t < trace.tensors.size(); ++t) bytes[t] = trace.tensors[t].bytes;
+    for (std::size_t j = 0; j < steps.size(); ++j) {
+      for (const Touch& t : steps[j].touches) need[j] += bytes[t.tensor];
+    }
+    std::unordered_map<std::string, std::uint32_t> index;
+    std::string key;
+    for (std::size_t o = 0; o < trace.ops.size(); ++o) {
+      family_key(trace.ops[o].name, key);
+      auto [it, inserted] = index.try_emplace(key, static_cast<std::uint32_t>(index.size()));
+      if (inserted) families.push_back(it->first);
+      family_of_op[o] = it->second;
+    }
+  }
+  std::uint64_t footprint;
+  std::vector<std::uint64_t> bytes;         // by tensor
+  std::vector<std::uint64_t> need;          // by step: the bytes of its touches
+  std::vector<std::uint32_t> family_of_op;  // by op: index into families
+  std::vector<std::string> families;        // folded op names
+};
+
 // Note [Simulation loop]
 // Each step acquires every tensor it touches on the device with try_acquire
 // (a write lease if it writes the tensor or the tensor holds no data yet, as
@@ -90,11 +142,13 @@ class Simulation final : public PrefetchContext {
  public:
   enum class Wait { event, compute, barrier, done };
 
-  Simulation(const trace::Trace& trace, const std::vector<Step>& steps, engine::Engine& eng,
-             VirtualTime& vt, const SimTransport& transport, const SimOptions& o, OpTimeFn op_time,
-             PrefetchHook hook, SimReport& rep)
+  Simulation(const trace::Trace& trace, const std::vector<Step>& steps, const TraceTables& tables,
+             engine::Engine& eng, VirtualTime& vt, const SimTransport& transport,
+             const SimOptions& o, OpTimeFn op_time, PrefetchHook hook, SimReport& rep)
       : trace_(trace),
         steps_(steps),
+        tables_(tables),
+        bytes_(tables.bytes),
         eng_(eng),
         vt_(vt),
         transport_(transport),
@@ -106,7 +160,7 @@ class Simulation final : public PrefetchContext {
         registered_(trace.tensors.size(), 0),
         has_data_(trace.tensors.size(), 0),
         removing_(trace.tensors.size(), 0),
-        family_of_op_(trace.ops.size(), nullptr) {}
+        families_(tables.families.size()) {}
 
   const std::vector<Step>& steps() const override { return steps_; }
   const trace::Trace& trace() const override { return trace_; }
@@ -213,7 +267,11 @@ class Simulation final : public PrefetchContext {
 
   std::vector<OpFamilyReport> families() const {
     std::vector<OpFamilyReport> out;
-    for (const auto& [name, f] : families_) out.push_back(f);
+    for (std::size_t f = 0; f < families_.size(); ++f) {
+      if (families_[f].steps == 0) continue;  // no step of it ran (materialized ones do not count)
+      out.push_back(families_[f]);
+      out.back().name = tables_.families[f];
+    }
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
       return a.missed_bytes != b.missed_bytes ? a.missed_bytes > b.missed_bytes : a.name < b.name;
     });
@@ -244,10 +302,7 @@ class Simulation final : public PrefetchContext {
     const Step& s = steps_[j_];
     const trace::Op& op = trace_.ops[s.op];
     tier_ = o_.op_tier ? o_.op_tier(op) : Tier::device;
-    // Once per op, not per step: the key is a string built from the name.
-    OpFamilyReport*& f = family_of_op_[s.op];
-    if (f == nullptr) f = &family(op.name);  // map nodes do not move
-    fam_ = f;
+    fam_ = &families_[tables_.family_of_op[s.op]];
     ++fam_->steps;
     leases_.assign(s.touches.size(), Lease{});
     missed_.assign(s.touches.size(), 0);
@@ -257,9 +312,7 @@ class Simulation final : public PrefetchContext {
     t0_ = vt_.now_ns();
     phase_ = Phase::acquiring;
     if (tier_ == Tier::device) {
-      std::uint64_t need = 0;
-      for (const Touch& t : s.touches) need += trace_.tensors[t.tensor].bytes;
-      if (need > rep_.device_budget)
+      if (tables_.need[j_] > rep_.device_budget)
         acquire_failed(cannot_place("together they exceed the budget"));
     }
   }
@@ -315,7 +368,7 @@ class Simulation final : public PrefetchContext {
           ++held_;
           granted = true;
         } else if (st == engine::Status::busy) {
-          if (!missed_[i]) fam_->missed_bytes += trace_.tensors[t.tensor].bytes;
+          if (!missed_[i]) fam_->missed_bytes += bytes_[t.tensor];
           missed_[i] = 1;
         } else {
           acquire_failed(fmt::format("step {} op '{}' tensor '{}': {}", j_, op.name,
@@ -419,31 +472,6 @@ class Simulation final : public PrefetchContext {
         rep_.host_budget, rep_.ssd_capacity);
   }
 
-  // "layer_12.attn.q_proj" -> "layer_*.attn.q_proj": one family per op kind.
-  // Once per step: the key is built in a reused buffer (op names outgrow the
-  // small-string buffer) and looked up by hash.
-  OpFamilyReport& family(const std::string& name) {
-    auto digit = [&name](std::size_t i) {
-      return std::isdigit(static_cast<unsigned char>(name[i])) != 0;
-    };
-    std::string& key = key_;
-    key.clear();
-    std::size_t from = 0;  // start of the run not copied yet
-    for (std::size_t i = 0; i + 1 < name.size(); ++i) {
-      if (name[i] != '_' || !digit(i + 1)) continue;
-      key.append(name, from, i + 1 - from);
-      key += '*';
-      std::size_t j = i + 1;
-      while (j < name.size() && digit(j)) ++j;
-      from = j;
-      i = j - 1;
-    }
-    key.append(name, from);
-    auto [it, inserted] = families_.try_emplace(key);
-    if (inserted) it->second.name = key;
-    return it->second;
-  }
-
   void ensure(std::uint32_t t) {
     if (removing_[t]) {
       // Freed, then allocated again before its removal went through: the
@@ -454,7 +482,7 @@ class Simulation final : public PrefetchContext {
       return;
     }
     if (!registered_[t]) {
-      eng_.add(id(t), trace_.tensors[t].bytes);
+      eng_.add(id(t), bytes_[t]);
       registered_[t] = 1;
       has_data_[t] = 0;
     }
@@ -462,6 +490,8 @@ class Simulation final : public PrefetchContext {
 
   const trace::Trace& trace_;
   const std::vector<Step>& steps_;
+  const TraceTables& tables_;
+  const std::vector<std::uint64_t>& bytes_;  // tables_.bytes
   engine::Engine& eng_;
   VirtualTime& vt_;
   const SimTransport& transport_;
@@ -472,9 +502,7 @@ class Simulation final : public PrefetchContext {
   const std::size_t n_;
   std::vector<std::uint8_t> registered_, has_data_, removing_;
   std::vector<std::uint32_t> removals_;
-  std::unordered_map<std::string, OpFamilyReport> families_;  // families() sorts them
-  std::vector<OpFamilyReport*> family_of_op_;                 // by op index, filled on first use
-  std::string key_;
+  std::vector<OpFamilyReport> families_;  // by TraceTables family; names filled by families()
 
   // The step in progress.
   Phase phase_ = Phase::next;
@@ -494,22 +522,22 @@ class Simulation final : public PrefetchContext {
 // One card's objects: the same pool setup as engine::replay_trace, over fake
 // addresses. Members in construction order (each refers to those above).
 struct Card {
-  Card(const CardSpec& spec, VirtualTime& vt, SharedLinks* ssd)
+  Card(const CardSpec& spec, const TraceTables& tables, VirtualTime& vt, SharedLinks* ssd)
       : options(spec.options),
         transport(vt, options.links, ssd),
         source(2 * mem::MiB, 0, /*vmm=*/true),
-        pool(source, pool_config(budgets(spec))),
+        pool(source, pool_config(budgets(spec, tables))),
         host(report.host_budget),
         eng(engine_config(), pool, host, transport, vt),
-        sim(spec.trace, spec.steps, eng, vt, transport, options, compute_model(options),
+        sim(spec.trace, spec.steps, tables, eng, vt, transport, options, compute_model(options),
             options.prefetch ? options.prefetch : lookahead_prefetch(options.lookahead), report) {
     if (options.victim_score) eng.set_victim_score(options.victim_score);
   }
 
   // Fills the report's budgets; the pool's capacity follows the device budget.
-  const SimReport& budgets(const CardSpec& spec) {
+  const SimReport& budgets(const CardSpec& spec, const TraceTables& tables) {
     report.tensors = spec.trace.tensors.size();
-    report.footprint = engine::trace_footprint(spec.trace);
+    report.footprint = tables.footprint;
     const std::uint64_t fp = std::max<std::uint64_t>(report.footprint, 1);
     report.device_budget =
         options.device_budget
@@ -583,6 +611,9 @@ CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
   out.shared_ssd = share_ssd;
   VirtualTime vt;
   SharedLinks ssd;  // outlives the transports
+  // One TraceTables per distinct (trace, steps), before the cards that use it.
+  std::vector<std::unique_ptr<TraceTables>> tables;
+  std::vector<const TraceTables*> tables_of(specs.size(), nullptr);
   std::vector<std::unique_ptr<Card>> cards;
   // Destroyed before the cards: runs every scheduled completion, so an
   // engine's destructor (which waits for transfers in flight) never waits
@@ -593,7 +624,16 @@ CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
   } run_empty{vt};
   for (std::size_t c = 0; c < specs.size(); ++c) {
     try {
-      cards.push_back(std::make_unique<Card>(specs[c], vt, share_ssd ? &ssd : nullptr));
+      for (std::size_t d = 0; d < c && !tables_of[c]; ++d) {
+        if (&specs[d].trace == &specs[c].trace && &specs[d].steps == &specs[c].steps)
+          tables_of[c] = tables_of[d];
+      }
+      if (!tables_of[c]) {
+        tables.push_back(std::make_unique<TraceTables>(specs[c].trace, specs[c].steps));
+        tables_of[c] = tables.back().get();
+      }
+      cards.push_back(
+          std::make_unique<Card>(specs[c], *tables_of[c], vt, share_ssd ? &ssd : nullptr));
     } catch (const InputError& e) {
       if (specs.size() == 1) throw;
       input_error("simulate_cards", "card {}: {}", specs[c].label(c), e.what());

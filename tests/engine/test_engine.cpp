@@ -401,6 +401,73 @@ TEST(EngineManual, ManyTensorIdsAddRemoveAndAddAgain) {
   EXPECT_EQ(e.stats().tensors, 3000u);
 }
 
+// Small ids are indexed directly, others hashed (Note [Entry table]): an id
+// added while out of the direct range moves into it when the range grows,
+// and is still found once, duplicates refused, removal complete.
+TEST(EngineManual, HashedIdsMoveIntoTheDirectRangeAsItGrows) {
+  ManualRig rig(small(4 * MiB, 16 * MiB));
+  Engine& e = *rig.engine;
+  constexpr TensorId kLate = 5000;       // beyond the direct range while the table is small
+  constexpr TensorId kFar = 1ull << 50;  // always hashed
+  ASSERT_EQ(e.add(kLate, 64), Status::ok);
+  ASSERT_EQ(e.add(kFar, 64), Status::ok);
+  for (TensorId id = 0; id < kLate; ++id) ASSERT_EQ(e.add(id, 64), Status::ok) << id;
+  EXPECT_EQ(e.add(kLate, 64), Status::invalid_argument);  // found where it moved
+  EXPECT_EQ(e.add(kFar, 64), Status::invalid_argument);
+  EXPECT_EQ(e.stats().tensors, kLate + 2);
+  for (TensorId id : {TensorId{0}, TensorId{4999}, kLate, kFar})
+    EXPECT_TRUE(e.residency(id).has_value()) << id;
+  ASSERT_EQ(e.remove(kLate), Status::ok);
+  EXPECT_FALSE(e.residency(kLate).has_value());
+  EXPECT_EQ(e.remove(kLate), Status::not_found);
+  ASSERT_EQ(e.remove(kFar), Status::ok);
+  EXPECT_EQ(e.stats().tensors, kLate);
+  ASSERT_EQ(e.add(kLate, 64), Status::ok);  // and comes back
+  EXPECT_TRUE(e.residency(kLate).has_value());
+}
+
+// The monitor's growth is the least-squares slope of the device use over one
+// sample per interval, the last use of an interval winning, however many
+// allocations and frees come within it (the running sums update the newest
+// sample in place). Checked against a direct fit of the samples.
+TEST(EngineManual, MonitorGrowthIsTheLeastSquaresFitOfTheSamples) {
+  ManualRig rig(small(64 * MiB, 64 * MiB));
+  Engine& e = *rig.engine;
+  const std::uint64_t interval = e.config().monitor.sample_interval_ns;
+  std::vector<double> xs, ys;
+  TensorId next = 1;
+  std::uint64_t used = 0;
+  for (int k = 0; k < 12; ++k) {
+    rig.clock.set(static_cast<std::uint64_t>(k) * 3 * interval);
+    // Within one instant: three allocations of growing size, and one free.
+    for (int a = 0; a < 3; ++a) {
+      const std::uint64_t bytes = (64 + 16 * k + a) * KiB;
+      ASSERT_EQ(e.add(next, bytes), Status::ok);
+      ASSERT_EQ(testing::write_version(e, next, 0, Tier::device), Status::ok);
+      used += bytes;
+      ++next;
+    }
+    ASSERT_EQ(e.remove(next - 2), Status::ok);  // the second of the three
+    used -= (64 + 16 * k + 1) * KiB;
+    xs.push_back(static_cast<double>(k) * 3 * static_cast<double>(interval) * 1e-9);
+    ys.push_back(static_cast<double>(used));
+  }
+  ASSERT_EQ(e.stats().used[0], used);
+  const double n = static_cast<double>(xs.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    sx += xs[i], sy += ys[i], sxx += xs[i] * xs[i], sxy += xs[i] * ys[i];
+  }
+  const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  const mem::TierReport r = e.monitor(Tier::device);
+  ASSERT_GT(slope, 0);
+  EXPECT_NEAR(r.growth_bytes_per_s, slope, 1e-9 * slope);
+  const double headroom = static_cast<double>(64 * MiB - used);
+  EXPECT_NEAR(r.time_to_oom_s, headroom / r.growth_bytes_per_s, 1e-12 * r.time_to_oom_s);
+  EXPECT_LE(r.min_time_to_oom_s, r.time_to_oom_s);
+  EXPECT_EQ(r.used, used);
+}
+
 // A queued eviction found stale while a demand copy of the same tensor runs
 // must not leave the tensor marked as leaving (found in review: it then could
 // never be evicted again).

@@ -152,7 +152,7 @@ class Engine {
 
   std::optional<Residency> residency(TensorId id) const;
   EngineStats stats() const;
-  std::uint64_t evictions() const;  // stats().evictions without copying the rest
+  std::uint64_t evictions() const;  // stats().evictions without copying the rest, or locking
   mem::TierReport monitor(Tier t) const;
   // Level changes of any tier. Called under the engine's lock: it must be
   // quick and must not call back into the engine (queue the alert instead).
@@ -207,15 +207,21 @@ class Engine {
     Entry* head = nullptr;
     Entry* tail = nullptr;
   };
-  // Open-addressing id -> Entry* table (Note [Entry table] in engine.cpp).
+  // id -> Entry*: small ids indexed directly, the rest in an open-addressing
+  // table (Note [Entry table] in engine.cpp).
   class EntryTable {
    public:
-    Entry* find(TensorId id) const;
+    Entry* find(TensorId id) const {
+      if (id < dense_.size()) return dense_[id];
+      return find_hashed(id);
+    }
     bool insert(TensorId id, Entry* e);  // false if id is present
     void erase(TensorId id);
     std::size_t size() const { return size_; }
     template <class F>
     void for_each(F f) const {
+      for (Entry* e : dense_)
+        if (e) f(*e);
       for (const Slot& s : slots_)
         if (s.e) f(*s.e);
     }
@@ -225,11 +231,17 @@ class Engine {
       TensorId id = 0;
       Entry* e = nullptr;  // null = empty
     };
+    Entry* find_hashed(TensorId id) const;
+    bool insert_hashed(TensorId id, Entry* e);
     std::size_t home(TensorId id) const;
     void grow();
+    void grow_dense(TensorId id);
+    // Ids below dense_.size() live here and never in slots_.
+    std::vector<Entry*> dense_;
     std::vector<Slot> slots_;  // power-of-two size, at most half full
-    std::size_t size_ = 0;
-    unsigned shift_ = 64;  // 64 - log2(slots_.size())
+    std::size_t size_ = 0;     // entries in both
+    std::size_t hashed_ = 0;   // entries in slots_
+    unsigned shift_ = 64;      // 64 - log2(slots_.size())
   };
   // A candidate for pressure eviction: its score and its place in LRU order
   // (ties go to the least recently used, as a stable sort would order them).
@@ -253,6 +265,12 @@ class Engine {
   void set_evict_want(Entry& e, Tier t, bool on);
   void notify();
   void pump(Actions& act);
+  // Use, queued arrivals and failed allocations above the high watermark
+  // (device or host); inline: pump() asks for both tiers at every call.
+  bool over_high(Tier t) const {
+    const int i = static_cast<int>(t);
+    return static_cast<double>(used_[i] + pending_bytes(t) + short_[i]) > high_[i];
+  }
   void evict_for_pressure(Tier t, Actions& act);
   bool start_job(Link link, const Job& j, Actions& act);
   bool allocate_copy(Entry& e, Tier t);
@@ -266,8 +284,24 @@ class Engine {
   void on_done(const Transfer& t, Status s);
   void run(Actions& act);
   void note_use(Tier t);
-  std::uint64_t pending_bytes(Tier t) const;
-  bool evictable(const Entry& e, Tier t, std::uint64_t* retry_at) const;
+  void count_eviction();  // ++st_.evictions, mirrored in evictions_
+  // Bytes queued to land in t and not yet started. Kept per link as jobs are
+  // queued and popped, so it is O(1); stale jobs count until popped, which
+  // only makes eviction start a little early. The links into each tier:
+  // h2d into the device, d2h and s2h into host, h2s into SSD.
+  std::uint64_t pending_bytes(Tier t) const {
+    auto q = [this](Link l) { return links_[static_cast<int>(l)].bytes; };
+    switch (t) {
+      case Tier::device:
+        return q(Link::h2d);
+      case Tier::host:
+        return q(Link::d2h) + q(Link::s2h);
+      case Tier::ssd:
+        return q(Link::h2s);
+    }
+    return 0;
+  }
+  bool evictable(const Entry& e, Tier t, std::uint64_t now, std::uint64_t* retry_at) const;
 
   EngineConfig config_;
   mem::DevicePool& pool_;
@@ -279,9 +313,12 @@ class Engine {
   std::atomic<int> callbacks_{0};  // completion callbacks still running
   std::condition_variable cv_;     // any state change a waiter may care about
   EntryTable entries_;
-  std::vector<std::unique_ptr<Entry>> arena_;  // every Entry ever made; entries_ points here
-  std::vector<Entry*> spare_;                  // removed entries, reused by add()
-  LruList lru_[2];                             // device, host
+  // Every Entry ever made, in chunks (Note [Entry layout]); entries_ points here.
+  static constexpr std::size_t kArenaChunk = 64;
+  std::vector<std::unique_ptr<Entry[]>> arena_;
+  std::size_t arena_used_ = 0;  // entries handed out from the last chunk
+  std::vector<Entry*> spare_;   // removed entries, reused by add()
+  LruList lru_[2];              // device, host
   std::array<LinkQueue, kNumLinks> links_{};
   // Transfers started and not completed: at most the sum of link_slots, so a
   // short vector searched linearly beats a hash map.
@@ -300,6 +337,8 @@ class Engine {
   mem::Monitor monitor_;
   VictimScore victim_score_;
   EngineStats st_;
+  std::atomic<std::uint64_t> evictions_{0};  // st_.evictions, for evictions() without the lock
+  double high_[2] = {0, 0};  // high_watermark * capacity, per memory tier (config_ is fixed)
 };
 
 }  // namespace u3m::engine

@@ -79,6 +79,10 @@ class Monitor {
   Level level_of(double fraction) const;
   void slide(State& s, std::uint64_t now_ns) const;  // drops samples that left the window
   void update_growth(State& s) const;
+  static double growth_of(const Sums& m);
+  static double headroom_of(const TierReport& r);
+  // growth_bytes_per_s and time_to_oom_s, from the sums and r's use.
+  static void fill_estimates(const State& s, TierReport& r);
 
   MonitorConfig config_;
   std::array<State, kNumTiers> tiers_;
