@@ -94,11 +94,16 @@ std::vector<CardSlot> default_cards(const TrainScenario& s) {
 //
 // The cards' traces: one per shard count (cards with the same shards run the
 // same trace). Generated once per scenario and shared by both optimizer
-// placements, which simulate the same trace.
+// placements, which simulate the same trace, with what is derived from the
+// trace alone: its footprint and the u3m policy's predictor answers (Note
+// [Shared window log] in predict/window_log.hpp), read by every card and
+// both placements.
 struct Workload {
   std::uint32_t shards = 1;
   trace::Trace t;
   std::vector<sim::Step> steps;
+  std::uint64_t footprint = 0;                     // engine::trace_footprint(t)
+  std::shared_ptr<predict::WindowLog> window_log;  // u3m only
 };
 struct Workloads {
   std::vector<std::unique_ptr<Workload>> loads;
@@ -121,6 +126,8 @@ Workloads make_workloads(const TrainScenario& s, const std::vector<CardSlot>& sl
       x.zero3_shards = c.shards;
       workload::generate_train(s.shape, x, w->t);
       w->steps = sim::build_steps(w->t);
+      w->footprint = engine::trace_footprint(w->t);
+      if (s.policy == "u3m") w->window_log = make_window_log(w->t);
       out.loads.push_back(std::move(w));
       it = out.loads.end() - 1;
     }
@@ -171,9 +178,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
                 ? sim::links_from_profile(hw, kSsdPerCard, static_cast<std::uint32_t>(slots.size()))
                 : share;
   const std::uint64_t room = o.device_budget + o.host_budget + kSsdPerCard;
-  for (const auto& w : loads) {
-    r.footprint = std::max(r.footprint, engine::trace_footprint(w->t));
-  }
+  for (const auto& w : loads) r.footprint = std::max(r.footprint, w->footprint);
   if (r.footprint > room) {  // nothing makes this fit
     r.why =
         fmt::format("the step needs {:.1f} GB per card at once; HBM + DRAM + SSD hold {:.1f} GB",
@@ -184,8 +189,11 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
   std::vector<std::shared_ptr<const U3mPolicyStats>> policy_stats;  // by card
   for (std::size_t c = 0; c < slots.size(); ++c) {
     const Workload& w = *load_of[c];
-    // Hooks per card: a policy's predictor and heat state are the card's own.
-    TrainPolicy pol = make_train_policy(s.policy, {w.t, w.steps, host_optimizer, share, s.u3m});
+    // Hooks per card: a policy's heat state is the card's own, and so are its
+    // predictor's answers (read from the trace's shared log, Note [Shared
+    // window log], which gives each reader what its own predictor would).
+    TrainPolicy pol =
+        make_train_policy(s.policy, {w.t, w.steps, host_optimizer, share, s.u3m, w.window_log});
     r.optimizer_on_host = pol.optimizer_on_host;
     policy_stats.push_back(pol.u3m_stats);
     sim::SimOptions co = o;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 
 #include "u3m/policy/heat.hpp"
 #include "u3m/policy/placement.hpp"
@@ -84,12 +86,11 @@ class NextUse {
 // left to the margin. Without the option, what enters a fixed 16-op window
 // is prefetched at once (docs/policy.md compares the two).
 struct U3mState {
-  std::unique_ptr<predict::Predictor> predictor;
-  std::unique_ptr<predict::TraceFeed> feed;
+  // The predictor's answers; its feed gives each step's events.
+  std::optional<predict::WindowLog::Reader> window;
+  const predict::TraceFeed* feed = nullptr;
   policy::HeatTracker heat;
   std::vector<std::uint8_t> in_window;
-  std::vector<predict::Predicted> entered;
-  std::vector<std::uint32_t> left;
   std::uint64_t now_ns = 0;
   std::uint32_t horizon = 16;
   bool host_optimizer = false;
@@ -139,15 +140,13 @@ void U3mState::on_step(std::size_t j, PrefetchContext& ctx) {
     end_of_first_iteration(ctx);
   }
   for (std::size_t e = feed->step_begin(j); e < feed->step_begin(j + 1); ++e) {
-    predict::Access a = feed->access_at(e, j);
-    a.time_ns = now_ns;  // virtual time, not the trace's nominal stamps
-    predictor->observe(a);
-    if (predict::is_access(a.kind)) heat.access(a.tensor, now_ns);
+    const trace::Event& ev = tr.events[e];
+    if (predict::is_access(ev.kind)) heat.access(ev.tensor, now_ns);
   }
-  predictor->step_done();
-  predictor->predict_window_delta(horizon, entered, left);
-  for (std::uint32_t x : left) in_window[x] = 0;
-  for (const predict::Predicted& x : entered) {
+  // The predictor sees the step on virtual time, not the trace's nominal stamps.
+  const predict::WindowLog::Delta d = window->step(j, horizon, now_ns);
+  for (std::uint32_t x : d.left) in_window[x] = 0;
+  for (const predict::Predicted& x : d.entered) {
     in_window[x.tensor] = 1;
     // State the host optimizer works on stays in DRAM.
     if (holds_host_state(tr.tensors[x.tensor])) continue;
@@ -230,15 +229,24 @@ void U3mState::recalibrate(PrefetchContext& ctx) {
   ++stats.recalibrations;
   for (std::uint32_t i = 0; i < in_window.size(); ++i) {
     if (in_window[i]) continue;
+    // What its heat wants on the device stays wherever it is: heat first, so
+    // the engine is asked only about the others. A tensor whose heat at its
+    // last access was not above `hot` is not now (HeatTracker::peak): its
+    // exact heat is needed only to tell DRAM from SSD.
+    std::optional<Tier> want;
+    if (heat.peak(i) > th.hot) {
+      want = th.tier_for(heat.heat(i, now_ns));
+      if (*want == Tier::device) continue;
+    }
     const auto r = eng.residency(PrefetchContext::engine_id(i));
     if (!r || r->in_flight || r->readers > 0 || r->writer) continue;
-    const Tier want = th.tier_for(heat.heat(i, now_ns));
     if (r->valid[static_cast<int>(Tier::device)]) {
-      if (want == Tier::device) continue;
       ctx.demote(i, Tier::device);
       ++stats.demotions;
-    } else if (has_ssd && want == Tier::ssd && r->valid[static_cast<int>(Tier::host)] &&
+    } else if (has_ssd && r->valid[static_cast<int>(Tier::host)] &&
                !r->valid[static_cast<int>(Tier::ssd)]) {
+      if (!want) want = th.tier_for(heat.heat(i, now_ns));
+      if (*want != Tier::ssd) continue;
       ctx.demote(i, Tier::host);
       ++stats.demotions;
     }
@@ -246,6 +254,10 @@ void U3mState::recalibrate(PrefetchContext& ctx) {
 }
 
 }  // namespace
+
+std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t) {
+  return std::make_shared<predict::WindowLog>(t, "u3m-seq");
+}
 
 TrainPolicy make_train_policy(const std::string& name, const TrainPolicyInputs& in) {
   const trace::Trace& t = in.trace;
@@ -283,8 +295,11 @@ TrainPolicy make_train_policy(const std::string& name, const TrainPolicyInputs& 
     st->host_optimizer = host_optimizer;
     st->opt = in.u3m;
     st->has_ssd = in.links.ssd_capacity > 0;
-    st->feed = std::make_unique<predict::TraceFeed>(t);
-    st->predictor = predict::make_predictor("u3m-seq", st->feed.get());
+    auto log = in.window_log ? in.window_log : make_window_log(t);
+    if (&log->feed().trace() != &t)
+      throw std::logic_error("make_train_policy: the window log is of another trace");
+    st->feed = &log->feed();
+    st->window.emplace(std::move(log));
     st->in_window.assign(t.tensors.size(), 0);
     const auto& h2d = in.links.links[static_cast<int>(engine::Link::h2d)];
     const auto& s2h = in.links.links[static_cast<int>(engine::Link::s2h)];

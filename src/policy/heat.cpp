@@ -12,23 +12,43 @@ HeatTracker::State& HeatTracker::at(std::uint32_t t) {
 
 void HeatTracker::set_tensor(std::uint32_t t, std::uint64_t bytes, std::uint32_t refcount) {
   const double mb = std::max(static_cast<double>(bytes), 1e3) / 1e6;
-  at(t).scale = std::log2(1.0 + static_cast<double>(std::max<std::uint32_t>(refcount, 1))) / mb;
+  State& s = at(t);
+  s.scale = std::log2(1.0 + static_cast<double>(std::max<std::uint32_t>(refcount, 1))) / mb;
+  s.memo_ns = kNoMemo;
+}
+
+double HeatTracker::decay(std::uint64_t dt_ns) const {
+  // Fibonacci hashing: nearby dts (ops a few ns apart) spread over the table.
+  Decay& d = decay_[(dt_ns * 0x9E3779B97F4A7C15ull) >> (64 - kDecayBits)];
+  if (d.dt_ns != dt_ns) {
+    const double dt = static_cast<double>(dt_ns) * 1e-9;
+    d.dt_ns = dt_ns;
+    d.factor = std::exp(-dt / config_.window_s);
+  }
+  return d.factor;
 }
 
 void HeatTracker::access(std::uint32_t t, std::uint64_t now_ns) {
   State& s = at(t);
   if (s.scale == 0) s.scale = std::log2(2.0) / 1e-3;  // unknown size: like 1 KB, refcount 1
-  const double dt = now_ns > s.last_ns ? static_cast<double>(now_ns - s.last_ns) * 1e-9 : 0.0;
-  s.count = s.count * std::exp(-dt / config_.window_s) + 1.0;
-  s.last_ns = std::max(s.last_ns, now_ns);
+  // dt = 0 (not later than the last access): exp(-0) = 1 (Note [Heat memo]).
+  if (now_ns > s.last_ns) {
+    s.count *= decay(now_ns - s.last_ns);
+    s.last_ns = now_ns;
+  }
+  s.count += 1.0;
+  s.memo_ns = kNoMemo;
 }
 
 double HeatTracker::heat(std::uint32_t t, std::uint64_t now_ns) const {
   if (t >= state_.size()) return 0;
   const State& s = state_[t];
-  const double dt = now_ns > s.last_ns ? static_cast<double>(now_ns - s.last_ns) * 1e-9 : 0.0;
-  const double rate = s.count * std::exp(-dt / config_.window_s) / config_.window_s;
-  return rate * s.scale;
+  if (s.memo_ns == now_ns && now_ns != kNoMemo) return s.memo;
+  double count = s.count;
+  if (now_ns > s.last_ns) count *= decay(now_ns - s.last_ns);  // else exp(-0) = 1
+  s.memo_ns = now_ns;
+  s.memo = count / config_.window_s * s.scale;
+  return s.memo;
 }
 
 namespace {

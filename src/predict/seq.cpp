@@ -217,22 +217,29 @@ void SeqPredictor::join_group(std::uint32_t t, const Access& a) {
   TensorState& s = ts_[t];
   s.last_iter = job(a.tensor_job).iter_count;
   if (s.group != UINT32_MAX) return;
-  // The key's bytes, packed: a struct would hash its padding, which is
-  // indeterminate, so equal keys could land in different groups.
-  const auto role = static_cast<std::uint8_t>(a.role);
-  unsigned char k[sizeof a.tensor_job + sizeof a.tensor_layer + sizeof role];
-  std::memcpy(k, &a.tensor_job, sizeof a.tensor_job);
-  std::memcpy(k + sizeof a.tensor_job, &a.tensor_layer, sizeof a.tensor_layer);
-  std::memcpy(k + sizeof a.tensor_job + sizeof a.tensor_layer, &role, sizeof role);
-  const std::uint64_t key = XXH64(k, sizeof k, 0);
-  auto [it, inserted] = group_index_.try_emplace(key, static_cast<std::uint32_t>(groups_.size()));
-  if (inserted) {
-    groups_.emplace_back();
-    groups_.back().job = a.tensor_job;
-    groups_.back().born_iter = jobs_[a.tensor_job].iter_count;
+  if (s.key_group == UINT32_MAX || s.key_job != a.tensor_job || s.key_layer != a.tensor_layer ||
+      s.key_role != a.role) {
+    // The key's bytes, packed: a struct would hash its padding, which is
+    // indeterminate, so equal keys could land in different groups.
+    const auto role = static_cast<std::uint8_t>(a.role);
+    unsigned char k[sizeof a.tensor_job + sizeof a.tensor_layer + sizeof role];
+    std::memcpy(k, &a.tensor_job, sizeof a.tensor_job);
+    std::memcpy(k + sizeof a.tensor_job, &a.tensor_layer, sizeof a.tensor_layer);
+    std::memcpy(k + sizeof a.tensor_job + sizeof a.tensor_layer, &role, sizeof role);
+    const std::uint64_t key = XXH64(k, sizeof k, 0);
+    auto [it, inserted] = group_index_.try_emplace(key, static_cast<std::uint32_t>(groups_.size()));
+    if (inserted) {
+      groups_.emplace_back();
+      groups_.back().job = a.tensor_job;
+      groups_.back().born_iter = jobs_[a.tensor_job].iter_count;
+    }
+    s.key_group = it->second;
+    s.key_job = a.tensor_job;
+    s.key_layer = a.tensor_layer;
+    s.key_role = a.role;
   }
-  Group& g = groups_[it->second];
-  s.group = it->second;
+  Group& g = groups_[s.key_group];
+  s.group = s.key_group;
   s.slot_in_group = static_cast<std::uint32_t>(g.members.size());
   g.members.push_back(t);
 }
@@ -464,34 +471,38 @@ void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predi
     w.key = {};
     w.filled = false;
   };
+  // The ring slot of absolute step s is s % H, walked with a wrapping index
+  // (one division per call: a division per slot was a fifth of this call).
+  auto next = [horizon](std::size_t i) { return i + 1 == horizon ? 0 : i + 1; };
   if (win_.size() != horizon) {  // (re)start with an empty window
     for (WinSlot& w : win_) release(w);
     win_.assign(horizon, WinSlot{});
-  } else {
-    for (std::uint64_t s = win_base_; s < now && s < win_base_ + horizon; ++s)
-      release(win_[s % horizon]);
+  } else if (horizon > 0) {
+    const std::uint64_t end = std::min<std::uint64_t>(now, win_base_ + horizon);
+    std::size_t i = win_base_ < end ? win_base_ % horizon : 0;
+    for (std::uint64_t s = win_base_; s < end; ++s, i = next(i)) release(win_[i]);
   }
   win_base_ = now;
-  plan_.assign(horizon, WinKey{});
-  plan_ptr_.assign(horizon, {nullptr, nullptr, 0});
+  plan_.resize(horizon);
+  for (Plan& x : plan_) x = Plan{};
   walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
-    plan_[ahead] = {r.version, pos, jb.shape_changed && &r != &jb.cur};
-    plan_ptr_[ahead] = {&jb, &r, pos};
+    plan_[ahead] = {{r.version, pos, jb.shape_changed && &r != &jb.cur}, &jb, &r};
   });
-  for (std::uint32_t a = 0; a < horizon; ++a) {  // release what changed first
-    WinSlot& w = win_[(now + a) % horizon];
-    if (!(w.key == plan_[a])) release(w);
+  const std::size_t first = horizon > 0 ? now % horizon : 0;           // ring slot of step `now`
+  for (std::size_t a = 0, i = first; a < horizon; ++a, i = next(i)) {  // release what changed
+    WinSlot& w = win_[i];
+    if (!(w.key == plan_[a].key)) release(w);
   }
-  for (std::uint32_t a = 0; a < horizon; ++a) {
-    WinSlot& w = win_[(now + a) % horizon];
-    if (w.key == plan_[a] && w.filled) continue;
-    w.key = plan_[a];
+  for (std::size_t a = 0, i = first; a < horizon; ++a, i = next(i)) {
+    WinSlot& w = win_[i];
+    const Plan& pl = plan_[a];
+    if (w.key == pl.key && w.filled) continue;
+    w.key = pl.key;
     w.filled = true;
-    const auto& [jb, r, pos] = plan_ptr_[a];
-    if (!r) continue;
+    if (!pl.rec) continue;
     new_stamp();
     scratch_.clear();
-    emit_slot(*jb, *r, r->slots[pos], a, scratch_);
+    emit_slot(*pl.job, *pl.rec, pl.rec->slots[pl.key.pos], static_cast<std::uint32_t>(a), scratch_);
     for (const Predicted& p : scratch_) {
       w.tensors.push_back(p.tensor);
       if (win_cnt_[p.tensor]++ == 0 && win_left_[p.tensor] != win_call_) entered.push_back(p);

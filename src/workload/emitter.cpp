@@ -114,6 +114,15 @@ void Program::add(std::string name, OpClass cls, Phase phase, std::int32_t layer
   for (auto [t, k] : accesses) access(t, k);
 }
 
+std::pair<std::size_t, std::size_t> Program::emitted_size() const {
+  std::size_t events = 0;  // as Emitter::emit writes them
+  for (const PAccess& a : acc) {
+    events += a.kind == Acc::produce || a.kind == Acc::update ? 2 : a.kind == Acc::release ? 0 : 1;
+    events += a.free_after || a.kind == Acc::release;
+  }
+  return {ops.size(), events};
+}
+
 void Program::plan_frees(const Emitter& e, std::vector<std::uint8_t>& used_later) {
   // used_later[t]: t is accessed again after the current point, before being
   // produced anew. Every transient tensor is dead at the end of a program.

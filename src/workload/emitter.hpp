@@ -105,6 +105,8 @@ struct Program {
   void add(std::string name, OpClass cls, Phase phase, std::int32_t layer, double flops,
            std::initializer_list<std::pair<std::uint32_t, Acc>> accesses);
   void mark_boundary() { ops.back().boundary = true; }
+  // {ops, events} that emitting the whole program writes (after plan_frees).
+  std::pair<std::size_t, std::size_t> emitted_size() const;
   // Note [Programs and lifetimes]. `scratch` is reused between calls.
   void plan_frees(const Emitter& e, std::vector<std::uint8_t>& scratch);
 };

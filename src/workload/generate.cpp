@@ -103,6 +103,13 @@ GenResult generate_train(const ModelShape& shape, const TrainConfig& cfg, trace:
   train_meta(e, cfg);
   TrainJob train(e, shape, cfg, "train-0");
   train.init();
+  // Into memory: room for every step at once, not a regrowth per doubling
+  // (a simulated scenario generates three traces of this size).
+  if (auto* t = dynamic_cast<trace::Trace*>(&out)) {
+    const auto [ops, events] = train.step_size();
+    t->ops.reserve(t->ops.size() + ops * cfg.steps);
+    t->events.reserve(t->events.size() + events * cfg.steps);
+  }
   for (std::uint32_t s = 0; s < cfg.steps; ++s) train.run_step();
   GenResult r = e.finish();
   r.train_steps = train.steps_done();

@@ -37,6 +37,8 @@ class TrainJob {
     run_step([] {});
   }
   std::uint32_t steps_done() const { return step_; }
+  // What one run_step() emits: {ops, events}.
+  std::pair<std::size_t, std::size_t> step_size() const { return prog_.emitted_size(); }
 
  private:
   struct Param {

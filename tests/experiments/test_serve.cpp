@@ -198,7 +198,9 @@ TEST(ServeCapacity, HighestRateMeetingTheSlosIsBracketed) {
   // that failed lies within the bisection's last step (2^(1/32)) above it.
   double lowest_failed = 1e300;
   for (const auto& [scale, met] : r.tried) {
-    if (scale <= r.rate_scale) EXPECT_GE(met, 0.9) << scale;
+    if (scale <= r.rate_scale) {
+      EXPECT_GE(met, 0.9) << scale;
+    }
     if (met < 0.9) lowest_failed = std::min(lowest_failed, scale);
   }
   EXPECT_LE(lowest_failed, r.rate_scale * std::pow(2.0, 1.0 / 32) * 1.000001);

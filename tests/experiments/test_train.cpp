@@ -78,7 +78,9 @@ TEST(TrainSim, U3mChoosesSwapOrRecomputeByCostAndTheIdealNeverRecomputes) {
     EXPECT_EQ(r.recompute_layers, k);
     // Infinite HBM recomputes nothing, whatever the scenario checkpoints.
     EXPECT_DOUBLE_EQ(r.ideal_step_s, chosen.ideal_step_s);
-    if (r.fits) EXPECT_LE(chosen.step_s, r.step_s) << k << " layers checkpointed";
+    if (r.fits) {
+      EXPECT_LE(chosen.step_s, r.step_s) << k << " layers checkpointed";
+    }
   }
   TrainScenario none = s;
   none.policy = "lru";  // never recomputes unless told

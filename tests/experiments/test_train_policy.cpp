@@ -1,5 +1,7 @@
 // The training policies' own decisions (experiments/train_policy): periodic
 // threshold recalibration and the link-time prefetch horizon.
+#include <stdexcept>
+
 #include <gtest/gtest.h>
 
 #include "u3m/experiments/train_policy.hpp"
@@ -29,12 +31,17 @@ struct U3mRun {
   sim::SimReport rep;
   U3mPolicyStats stats;
 };
-U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_bw) {
+trace::Trace tiny_trace() {
   workload::TrainConfig cfg;
   cfg.steps = 3;
   cfg.seq_len = 64;
   trace::Trace t;
   workload::generate_train(workload::preset("tiny-mha"), cfg, t);
+  return t;
+}
+// `log`: the policy's shared window log (null: its own).
+U3mRun run_u3m_on(const trace::Trace& t, const U3mPolicyOptions& opt, double device_fraction,
+                  double h2d_bw, std::shared_ptr<predict::WindowLog> log = nullptr) {
   const std::vector<sim::Step> steps = sim::build_steps(t);
   sim::SimOptions o;
   o.device_fraction = device_fraction;
@@ -42,7 +49,7 @@ U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_b
                    sim::LinkModel{1e9, 20e-6}, sim::LinkModel{2e9, 20e-6}};
   o.links.ssd_capacity = 1ull << 30;
   o.op_time = [](const trace::Op&) { return 100e-6; };
-  TrainPolicyInputs in{t, steps, false, o.links, opt};
+  TrainPolicyInputs in{t, steps, false, o.links, opt, std::move(log)};
   TrainPolicy pol = make_train_policy("u3m", in);
   EXPECT_NE(pol.u3m_stats, nullptr);
   o.prefetch = pol.prefetch;
@@ -52,6 +59,47 @@ U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_b
   EXPECT_TRUE(r.rep.ok()) << r.rep.first_error;
   r.stats = *pol.u3m_stats;
   return r;
+}
+U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_bw) {
+  return run_u3m_on(tiny_trace(), opt, device_fraction, h2d_bw);
+}
+
+// Note [Shared window log]: runs that read one log decide as runs with their
+// own predictor, whether they replay it or (another horizon) fork.
+TEST(TrainPolicy, RunsSharingAWindowLogDecideAsRunsWithTheirOwn) {
+  const trace::Trace t = tiny_trace();
+  for (bool jit : {false, true}) {
+    SCOPED_TRACE(jit ? "jit prefetch" : "fixed window");
+    U3mPolicyOptions opt;
+    opt.jit_prefetch = jit;
+    auto same = [](const U3mRun& a, const U3mRun& b) {
+      EXPECT_EQ(a.rep.total_ns, b.rep.total_ns);
+      EXPECT_EQ(a.rep.stall_ns, b.rep.stall_ns);
+      EXPECT_EQ(a.rep.steps, b.rep.steps);
+      EXPECT_EQ(a.stats.demotions, b.stats.demotions);
+      EXPECT_EQ(a.stats.recalibrations, b.stats.recalibrations);
+      EXPECT_EQ(a.stats.jit_prefetches, b.stats.jit_prefetches);
+      EXPECT_EQ(a.stats.horizon_ops, b.stats.horizon_ops);
+    };
+    const U3mRun own = run_u3m_on(t, opt, 0.9, 5e9);
+    auto log = make_window_log(t);
+    const U3mRun first = run_u3m_on(t, opt, 0.9, 5e9, log);
+    const std::uint64_t computed = log->computed();
+    EXPECT_GT(computed, 100u);
+    const U3mRun second = run_u3m_on(t, opt, 0.9, 5e9, log);  // replays the first's calls
+    EXPECT_EQ(log->computed(), computed);
+    // Another link: other times, and with jit another window from the second iteration.
+    const U3mRun slow_own = run_u3m_on(t, opt, 0.9, 1e9);
+    const U3mRun slow = run_u3m_on(t, opt, 0.9, 1e9, log);
+    same(own, first);
+    same(own, second);
+    same(slow_own, slow);
+    EXPECT_GT(own.stats.demotions + own.stats.jit_prefetches, 0u);  // the policy acts
+  }
+  // A log of another trace is a caller's bug, not a silent misprediction.
+  const trace::Trace other = tiny_trace();
+  EXPECT_THROW(run_u3m_on(t, U3mPolicyOptions{}, 0.9, 5e9, make_window_log(other)),
+               std::logic_error);
 }
 
 TEST(TrainPolicy, OnlyU3mReportsItsCounters) {

@@ -1,5 +1,7 @@
 // Heat, thresholds, calibration and the placement rules.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -31,6 +33,60 @@ TEST(Heat, DecaysWhenUntouchedAndOrdersBySizeAndFanOut) {
   const double now = h.heat(0, 0);
   EXPECT_NEAR(h.heat(0, 5 * kSec), now * std::exp(-1.0), 1e-9 * now);  // one window later
   EXPECT_EQ(h.heat(99, 0), 0.0);                                       // never seen
+}
+
+// Note [Heat memo]: repeated queries at one instant, accesses at the instant
+// of the last one and the decay table (thousands of distinct dts, so its
+// slots are overwritten) must give the very bits of the plain formula:
+// c <- c * exp(-dt / window) + 1 and heat = c * exp(-dt / window) / window * scale.
+TEST(Heat, MemoAndDecayTableGiveThePlainFormulasBits) {
+  constexpr double kWindow = 5.0;
+  constexpr std::uint32_t kTensors = 8;
+  HeatTracker h(HeatConfig{.window_s = kWindow});
+  struct Ref {
+    double count = 0, scale = 0;
+    std::uint64_t last = 0;
+  };
+  std::vector<Ref> ref(kTensors);
+  for (std::uint32_t t = 0; t < kTensors; ++t) {
+    const std::uint64_t bytes = 1'000 + 3'777'777ull * t;
+    h.set_tensor(t, bytes, t + 1);
+    ref[t].scale = std::log2(1.0 + double(t + 1)) / (double(bytes) / 1e6);
+  }
+  auto decayed = [&](const Ref& r, std::uint64_t now) {
+    const double dt = now > r.last ? double(now - r.last) * 1e-9 : 0.0;
+    return r.count * std::exp(-dt / kWindow);
+  };
+  // Instants mostly advance by odd amounts, sometimes repeat (several ops
+  // at one virtual time) or go back (a late query).
+  std::uint64_t now = 0, rng = 12345;
+  std::size_t accesses = 0;
+  for (int round = 0; round < 3000; ++round) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    const std::uint64_t r = rng >> 33;
+    if (r % 7 == 0 && now > 5'000'000) {
+      now -= r % 5'000'000;
+    } else if (r % 5 != 0) {
+      now += 1 + r % 400'000'000;
+    }
+    const std::uint32_t t = static_cast<std::uint32_t>((r >> 8) % kTensors);
+    if ((r >> 4) % 3 != 0) {
+      h.access(t, now);
+      Ref& x = ref[t];
+      x.count = decayed(x, now) + 1.0;
+      x.last = std::max(x.last, now);
+      ++accesses;
+    }
+    for (std::uint32_t u = 0; u < kTensors; u += 3) {  // others too, twice
+      for (int again = 0; again < 2; ++again)
+        ASSERT_EQ(h.heat(u, now), decayed(ref[u], now) / kWindow * ref[u].scale)
+            << "tensor " << u << " at " << now << " ns, round " << round << ", query " << again;
+      // The bound recalibration relies on, and it is the heat at the last access.
+      ASSERT_LE(h.heat(u, now), h.peak(u)) << "tensor " << u << ", round " << round;
+      ASSERT_EQ(h.peak(u), ref[u].count / kWindow * ref[u].scale);
+    }
+  }
+  EXPECT_GT(accesses, 1500u);
 }
 
 TEST(Thresholds, DesignDefaultsMapHeatToTiers) {

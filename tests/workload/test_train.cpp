@@ -342,6 +342,26 @@ TEST(Train, EveryOptionCombinationGivesAConsistentTrace) {
   }
 }
 
+TEST(Train, AnInMemoryTraceIsReservedExactlyOnce) {
+  // generate_train reserves a trace::Trace's ops and events from the step
+  // program's size: the reservation must be what the steps then emit, no
+  // more and no less (less would regrow, more would waste), in every case.
+  for (int v = 0; v < 16; ++v) {
+    ModelShape s = preset(v & 8 ? "tiny-mha" : "tiny");
+    TrainConfig c = small_config();
+    c.steps = 3;
+    c.micro_batches = v & 1 ? 2 : 1;
+    c.recompute = v & 2;
+    c.zero3_ranks = v & 4 ? 3 : 1;
+    SCOPED_TRACE(v);
+    trace::Trace t;
+    const GenResult r = generate_train(s, c, t);
+    EXPECT_EQ(t.events.size(), r.events);
+    EXPECT_EQ(t.events.capacity(), t.events.size());
+    EXPECT_EQ(t.ops.capacity(), t.ops.size());
+  }
+}
+
 TEST(Train, FullPrecisionHasNoMasterCopy) {
   TrainConfig c = small_config();
   c.mixed_precision = false;

@@ -9,6 +9,7 @@
 
 #include "u3m/engine/engine.hpp"
 #include "u3m/policy/prefetch.hpp"
+#include "u3m/predict/window_log.hpp"
 #include "u3m/sim/runner.hpp"
 #include "u3m/sim/sim_transport.hpp"
 #include "u3m/trace/model.hpp"
@@ -87,7 +88,14 @@ struct TrainPolicyInputs {
   bool host_optimizer = false;           // u3m and oracle: run the optimizer step on the host
   const sim::SimTransportConfig& links;  // the card's links
   U3mPolicyOptions u3m{};                // the u3m policy's knobs (others ignore them)
+  // The u3m policy's predictor, shared by every policy made for this trace
+  // (Note [Shared window log] in predict/window_log.hpp): made with
+  // make_window_log(trace). Null: the policy makes one of its own.
+  std::shared_ptr<predict::WindowLog> window_log = nullptr;
 };
+
+// The window log the u3m policy reads (its predictor, u3m-seq, on `t`).
+std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t);
 
 // One of train_policy_names(); InputError naming --policy for another.
 TrainPolicy make_train_policy(const std::string& name, const TrainPolicyInputs& in);

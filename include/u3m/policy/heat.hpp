@@ -3,6 +3,7 @@
 // Decision code: time comes in as arguments, never from a clock of its own.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,21 @@ namespace u3m::policy {
 // numbers per tensor. Refcount is how many distinct ops read the tensor (its
 // fan-out), set by whoever knows the graph; size_MB uses 10^6 bytes and is
 // floored at 1 KB so tiny tensors do not get infinite heat.
+//
+// Note [Heat memo]
+// A policy asks the heat of every eviction candidate at every pressure scan,
+// and all its scans within one op see the same `now`: the same tensor's heat
+// is asked many times per op, each an exp(). So heat() keeps its last answer
+// per tensor with the instant it was for, and access() drops it; an access
+// at the instant of the tensor's last one (several events of one op) decays
+// by exp(-0) = 1 and skips the call. Both return the very bits the full
+// formula would (the memo is the same computation's result, and x * 1.0 ==
+// x), so no decision can change. The decay factor exp(-dt / window) itself
+// is kept in a small table keyed by dt in ns: the tensors of one op are
+// accessed at the same instants, so they share their dt at every later
+// query, and the table answers those with the very bits exp() gave.
+// The memo and the table make heat() a writer: one tracker must not be read
+// from two threads at once.
 struct HeatConfig {
   double window_s = 5.0;
 };
@@ -30,7 +46,14 @@ class HeatTracker {
   // Tensors are dense indices; the tracker grows on demand.
   void set_tensor(std::uint32_t t, std::uint64_t bytes, std::uint32_t refcount = 1);
   void access(std::uint32_t t, std::uint64_t now_ns);
+  // Not safe to call concurrently on one tracker (Note [Heat memo]).
   double heat(std::uint32_t t, std::uint64_t now_ns) const;
+  // Its heat at its last access: heat(t, now) <= peak(t) for any later now,
+  // exactly as computed (the decay is <= 1 and rounding is monotone), so
+  // peak(t) <= x proves heat(t, now) <= x without an exp().
+  double peak(std::uint32_t t) const {
+    return t < state_.size() ? state_[t].count / config_.window_s * state_[t].scale : 0.0;
+  }
   std::size_t size() const { return state_.size(); }
   const HeatConfig& config() const { return config_; }
 
@@ -39,10 +62,22 @@ class HeatTracker {
     double count = 0;
     std::uint64_t last_ns = 0;
     double scale = 0;  // log2(1 + refcount) / size_MB
+    // heat() at memo_ns (Note [Heat memo]); memo_ns = kNoMemo: none.
+    mutable std::uint64_t memo_ns = kNoMemo;
+    mutable double memo = 0;
   };
+  static constexpr std::uint64_t kNoMemo = UINT64_MAX;
   State& at(std::uint32_t t);
+  // exp(-dt / window) for dt = dt_ns > 0 (Note [Heat memo]).
+  double decay(std::uint64_t dt_ns) const;
   HeatConfig config_;
   std::vector<State> state_;
+  struct Decay {
+    std::uint64_t dt_ns = 0;  // 0: empty (dt = 0 never needs exp)
+    double factor = 1;
+  };
+  static constexpr int kDecayBits = 8;
+  mutable std::array<Decay, 1u << kDecayBits> decay_{};
 };
 
 // The design's default thresholds: HBM above 0.8, DRAM 0.3-0.8, SSD below.

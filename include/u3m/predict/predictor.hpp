@@ -98,6 +98,9 @@ class Predictor {
   // policy can turn ops_ahead into a next-access time estimate:
   // now + (ops_ahead + 0.5) * ns_per_op().
   double ns_per_op() const { return ns_per_op_; }
+  // Whether predict()'s answers may depend on the events' times, not only on
+  // the sequence of events (WindowLog shares them across runs when not).
+  virtual bool answers_depend_on_time() const { return true; }
 
  protected:
   // Call from observe(): keeps ns_per_op_ as an EMA of step-start spacing.

@@ -37,6 +37,8 @@ class SeqPredictor final : public Predictor {
  public:
   explicit SeqPredictor(SeqParams p = {});
   std::string_view name() const override { return "u3m-seq"; }
+  // Time only feeds ns_per_op(); the answers follow the event sequence.
+  bool answers_depend_on_time() const override { return false; }
   void observe(const Access& a) override;
   void step_done() override;
   void predict(std::uint32_t horizon_ops, std::vector<Predicted>& out) override;
@@ -107,6 +109,13 @@ class SeqPredictor final : public Predictor {
     bool dead = false;                      // freed and not allocated since
     bool reborn = false;                    // has been allocated again after a free
     std::uint32_t alloc_iter = UINT32_MAX;  // iteration count of the allocating op's job
+    // The group its key (job, layer, role) hashed to when it last joined one:
+    // a tensor freed and allocated again (activations, every step) rejoins
+    // it without hashing. Groups are never removed, so the index stays valid.
+    std::uint32_t key_group = UINT32_MAX;
+    std::uint32_t key_job = 0;
+    std::int32_t key_layer = 0;
+    trace::Role key_role = trace::Role::other;
   };
 
   Job& job(std::uint32_t j);
@@ -177,17 +186,16 @@ class SeqPredictor final : public Predictor {
     bool filled = false;
     std::vector<std::uint32_t> tensors;
   };
-  struct PlanPtr {
-    const Job* job;
-    const Record* rec;
-    std::uint32_t pos;
+  struct Plan {  // the recorded slot that lands on a step ahead; rec null: none
+    WinKey key;
+    const Job* job = nullptr;
+    const Record* rec = nullptr;
   };
   std::vector<WinSlot> win_;  // ring indexed by absolute step % H
   std::uint64_t win_base_ = 0, win_call_ = 0;
   std::vector<std::uint32_t> win_cnt_;
   std::vector<std::uint64_t> win_left_;
-  std::vector<WinKey> plan_;
-  std::vector<PlanPtr> plan_ptr_;
+  std::vector<Plan> plan_;
   std::vector<Predicted> scratch_;
   std::vector<std::uint32_t> win_zero_;  // counts that fell to 0 in this call
 };
