@@ -95,14 +95,15 @@ std::vector<CardSlot> default_cards(const TrainScenario& s) {
 // The cards' traces: one per shard count (cards with the same shards run the
 // same trace). Generated once per scenario and shared by both optimizer
 // placements, which simulate the same trace, with what is derived from the
-// trace alone: its footprint and the u3m policy's predictor answers (Note
-// [Shared window log] in predict/window_log.hpp), read by every card and
-// both placements.
+// trace alone: the runner's tables, footprint included (Note [Trace tables]
+// in sim/runner.hpp), and the u3m policy's predictor answers (Note [Shared
+// window log] in predict/window_log.hpp), read by every card and both
+// placements.
 struct Workload {
   std::uint32_t shards = 1;
   trace::Trace t;
   std::vector<sim::Step> steps;
-  std::uint64_t footprint = 0;                     // engine::trace_footprint(t)
+  std::unique_ptr<sim::TraceTables> tables;        // of (t, steps)
   std::shared_ptr<predict::WindowLog> window_log;  // u3m only
 };
 struct Workloads {
@@ -126,7 +127,7 @@ Workloads make_workloads(const TrainScenario& s, const std::vector<CardSlot>& sl
       x.zero3_shards = c.shards;
       workload::generate_train(s.shape, x, w->t);
       w->steps = sim::build_steps(w->t);
-      w->footprint = engine::trace_footprint(w->t);
+      w->tables = std::make_unique<sim::TraceTables>(w->t, w->steps);
       if (s.policy == "u3m") w->window_log = make_window_log(w->t);
       out.loads.push_back(std::move(w));
       it = out.loads.end() - 1;
@@ -178,7 +179,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
                 ? sim::links_from_profile(hw, kSsdPerCard, static_cast<std::uint32_t>(slots.size()))
                 : share;
   const std::uint64_t room = o.device_budget + o.host_budget + kSsdPerCard;
-  for (const auto& w : loads) r.footprint = std::max(r.footprint, w->footprint);
+  for (const auto& w : loads) r.footprint = std::max(r.footprint, w->tables->footprint);
   if (r.footprint > room) {  // nothing makes this fit
     r.why =
         fmt::format("the step needs {:.1f} GB per card at once; HBM + DRAM + SSD hold {:.1f} GB",
@@ -207,7 +208,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
     co.op_time = [device_time, host_time, host_opt_on](const trace::Op& op) {
       return host_opt_on && op.phase == trace::Phase::optimizer ? host_time(op) : device_time(op);
     };
-    specs.push_back(sim::CardSpec{w.t, w.steps, std::move(co), slots[c].card});
+    specs.push_back(sim::CardSpec{w.t, w.steps, std::move(co), slots[c].card, w.tables.get()});
   }
   sim::CardsReport run = sim::simulate_cards(specs, /*share_ssd=*/separate);
   if (!run.ok()) {

@@ -84,37 +84,39 @@ void family_key(const std::string& name, std::string& key) {
   key.append(name, from);
 }
 
-// Note [Trace tables]
-// What every step reads of the trace, derived once per trace and shared by
-// the cards that run it (a training run's cards mostly run one trace): each
-// tensor's size in a flat array (a trace::Tensor is a cache line of its
-// own), each step's device bytes, each op's family, and the footprint. Only
-// the figures the runner reads move here; no decision changes.
-struct TraceTables {
-  TraceTables(const trace::Trace& trace, const std::vector<Step>& steps)
-      : footprint(engine::trace_footprint(trace)),
-        bytes(trace.tensors.size()),
-        need(steps.size()),
-        family_of_op(trace.ops.size()) {
-    for (std::size_t t = 0; t < trace.tensors.size(); ++t) bytes[t] = trace.tensors[t].bytes;
-    for (std::size_t j = 0; j < steps.size(); ++j) {
-      for (const Touch& t : steps[j].touches) need[j] += bytes[t.tensor];
-    }
-    std::unordered_map<std::string, std::uint32_t> index;
-    std::string key;
-    for (std::size_t o = 0; o < trace.ops.size(); ++o) {
-      family_key(trace.ops[o].name, key);
-      auto [it, inserted] = index.try_emplace(key, static_cast<std::uint32_t>(index.size()));
-      if (inserted) families.push_back(it->first);
-      family_of_op[o] = it->second;
-    }
+}  // namespace
+
+TraceTables::TraceTables(const trace::Trace& trace, const std::vector<Step>& steps)
+    : footprint(engine::trace_footprint(trace)),
+      bytes(trace.tensors.size()),
+      need(steps.size()),
+      family_of_op(trace.ops.size()) {
+  for (std::size_t t = 0; t < trace.tensors.size(); ++t) bytes[t] = trace.tensors[t].bytes;
+  for (std::size_t j = 0; j < steps.size(); ++j) {
+    for (const Touch& t : steps[j].touches) need[j] += bytes[t.tensor];
   }
-  std::uint64_t footprint;
-  std::vector<std::uint64_t> bytes;         // by tensor
-  std::vector<std::uint64_t> need;          // by step: the bytes of its touches
-  std::vector<std::uint32_t> family_of_op;  // by op: index into families
-  std::vector<std::string> families;        // folded op names
-};
+  std::unordered_map<std::string, std::uint32_t> index;
+  std::string key;
+  for (std::size_t o = 0; o < trace.ops.size(); ++o) {
+    family_key(trace.ops[o].name, key);
+    auto [it, inserted] = index.try_emplace(key, static_cast<std::uint32_t>(index.size()));
+    if (inserted) families.push_back(it->first);
+    family_of_op[o] = it->second;
+  }
+}
+
+void TraceTables::check(const trace::Trace& trace, const std::vector<Step>& steps) const {
+  if (bytes.size() != trace.tensors.size() || need.size() != steps.size() ||
+      family_of_op.size() != trace.ops.size()) {
+    input_error("CardSpec::tables",
+                "built for another trace ({} tensors, {} steps, {} ops; this trace "
+                "has {}, {}, {})",
+                bytes.size(), need.size(), family_of_op.size(), trace.tensors.size(), steps.size(),
+                trace.ops.size());
+  }
+}
+
+namespace {
 
 // Note [Simulation loop]
 // Each step acquires every tensor it touches on the device with try_acquire
@@ -611,7 +613,8 @@ CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
   out.shared_ssd = share_ssd;
   VirtualTime vt;
   SharedLinks ssd;  // outlives the transports
-  // One TraceTables per distinct (trace, steps), before the cards that use it.
+  // One TraceTables per distinct (trace, steps) the caller did not build,
+  // before the cards that use it.
   std::vector<std::unique_ptr<TraceTables>> tables;
   std::vector<const TraceTables*> tables_of(specs.size(), nullptr);
   std::vector<std::unique_ptr<Card>> cards;
@@ -624,6 +627,10 @@ CardsReport simulate_cards(const std::vector<CardSpec>& specs, bool share_ssd) {
   } run_empty{vt};
   for (std::size_t c = 0; c < specs.size(); ++c) {
     try {
+      if (const TraceTables* given = specs[c].tables) {
+        given->check(specs[c].trace, specs[c].steps);
+        tables_of[c] = given;
+      }
       for (std::size_t d = 0; d < c && !tables_of[c]; ++d) {
         if (&specs[d].trace == &specs[c].trace && &specs[d].steps == &specs[c].steps)
           tables_of[c] = tables_of[d];

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "u3m/engine/replay.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/sim/runner.hpp"
 #include "u3m/sim/sim_transport.hpp"
@@ -421,6 +422,30 @@ TEST(SimCards, IndependentCardsUnderPressureEachMatchTheSingleCardRun) {
   ASSERT_TRUE(r.ok()) << r.first_error;
   ASSERT_EQ(r.cards.size(), 2u);
   for (const SimReport& b : r.cards) expect_same_run(a, b);
+}
+
+// Tables the caller built once (Note [Trace tables]) give the same run as
+// tables built inside; tables of another trace are refused, naming the card.
+TEST(SimCards, PrebuiltTraceTablesGiveTheSameRun) {
+  const trace::Trace t = layers(8, 1 * MB, 2), other = layers(4, 1 * MB, 2);
+  const SimOptions o = spilling_options();
+  const auto steps = build_steps(t), other_steps = build_steps(other);
+  const TraceTables tables(t, steps), wrong(other, other_steps);
+  EXPECT_EQ(tables.footprint, engine::trace_footprint(t));
+  const SimReport a = simulate_trace(t, steps, o);
+  ASSERT_TRUE(a.ok()) << a.first_error;
+  const CardsReport r = simulate_cards(
+      {CardSpec{t, steps, o, CardSpec::kIndex, &tables}, CardSpec{t, steps, o}}, false);
+  ASSERT_TRUE(r.ok()) << r.first_error;
+  for (const SimReport& b : r.cards) expect_same_run(a, b);
+  try {
+    simulate_cards({CardSpec{t, steps, o}, CardSpec{t, steps, o, 7, &wrong}}, false);
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("card 7: CardSpec::tables: built for another trace"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Two identical cards spilling to a shared SSD link queue behind each other

@@ -157,6 +157,25 @@ struct SimReport {
 
 // ---- several cards ----------------------------------------------------------
 
+// Note [Trace tables]
+// What every step reads of the trace, derived once per trace and shared by
+// the cards that run it (a training run's cards mostly run one trace): each
+// tensor's size in a flat array (a trace::Tensor is a cache line of its
+// own), each step's device bytes, each op's family, and the footprint. Only
+// the figures the runner reads move here; no decision changes. A caller that
+// simulates one trace several times (train's two optimizer placements)
+// builds them once and passes them in CardSpec::tables.
+struct TraceTables {
+  TraceTables(const trace::Trace& trace, const std::vector<Step>& steps);
+  // Throws InputError unless built from a trace and steps of these sizes.
+  void check(const trace::Trace& trace, const std::vector<Step>& steps) const;
+  std::uint64_t footprint;                  // engine::trace_footprint
+  std::vector<std::uint64_t> bytes;         // by tensor
+  std::vector<std::uint64_t> need;          // by step: the bytes of its touches
+  std::vector<std::uint32_t> family_of_op;  // by op: index into families
+  std::vector<std::string> families;        // folded op names
+};
+
 // One card of a multi-card run: its own trace (ranks may differ, e.g. a card
 // holding two ZeRO-3 shards after a failure), its steps (build_steps(trace))
 // and its options, hooks included: a policy's state (predictor, heat) is
@@ -170,6 +189,8 @@ struct CardSpec {
   // failover's survivors are not numbered 0..N-2).
   static constexpr std::uint32_t kIndex = UINT32_MAX;
   std::uint32_t id = kIndex;
+  // Prebuilt for (trace, steps), outliving the simulation; null: built here.
+  const TraceTables* tables = nullptr;
   std::uint32_t label(std::size_t index) const {
     return id == kIndex ? static_cast<std::uint32_t>(index) : id;
   }
