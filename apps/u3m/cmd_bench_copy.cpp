@@ -15,11 +15,13 @@
 // Both sides run the same glibc memcpy on the same buffers: its non-temporal
 // threshold on that VM is 240 MiB, so neither uses streaming stores at these
 // sizes, and 4 MiB engine chunks take the same path as one large copy.
-// Every backend copy is followed by synchronize_stream, so the figure
-// includes the hand-off to the copy engine and back, as a caller that waits
-// would see it. That caller may run the copy itself when the engine has not
-// started it (Note [A waiting caller runs the copy] in device_emu.cpp); the
-// share it ran is reported, and --engine-only measures the engine alone.
+// Every backend copy is followed by synchronize_stream, as the runtime's
+// transfers are, so the figure is what a caller that waits sees. That caller
+// runs the copy itself when the engine has not started it (Note [A waiting
+// caller runs the copy] in device_emu.cpp), which it mostly does here: then
+// the figure measures device-emu's queueing around the same memcpy, not the
+// engine thread. The share the caller ran is reported per figure, and
+// --engine-only measures the engine thread alone, hand-offs included.
 #include <unistd.h>
 
 #include <algorithm>
@@ -173,8 +175,11 @@ void run_copy_bench(const CopyBenchArgs& a) {
       "device-emu memcpy_async + synchronize_stream on one stream vs plain memcpy between the same "
       "buffers; {} rounds of one ~{:.0f} ms slice each, order swapped every round; bandwidths are "
       "medians over rounds, ratio the median of each round's backend/reference; GB/s = 1e9 "
-      "bytes/s",
-      a.rounds, slice * 1e3);
+      "bytes/s; {}",
+      a.rounds, slice * 1e3,
+      a.engine_only ? "the copy engine thread runs every copy (--engine-only)"
+                    : "a waiting caller runs queued copies itself (share: by caller / "
+                      "caller_ran_share); --engine-only measures the engine thread alone");
   if (a.json) {
     nlohmann::json out;
     out["machine"] = where;

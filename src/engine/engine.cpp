@@ -470,7 +470,7 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
   const TierLimits& lim = t == Tier::device ? config_.device : config_.host;
   const double cap = static_cast<double>(lim.capacity);
   const int i = idx(t);
-  double load = static_cast<double>(used_[i] + pending_bytes(t) + short_[i]);
+  double load = pressure(t);
   if (load <= high_[i]) return;
   // Nothing changed since a scan that could evict nothing: do not rescan
   // (a tier that cannot shed, e.g. host without an SSD tier, would otherwise

@@ -46,7 +46,9 @@
 // no one has started, in order: five default bench runs at load 4-5 then
 // gave 92-107% at 4-64 MiB. Stream order holds because one op runs at a time
 // per stream, by whoever set StreamState::busy; the engine leaves the queue
-// alone while it is set. Only a thread that would block anyway does this, so
+// alone while it is set. The caller also looks again each time an op ends
+// while it waits, since the engine may be descheduled after the op it had
+// started. Only a thread that would block anyway does this, so
 // memcpy_async stays asynchronous and a caller that keeps working overlaps
 // with the engine as before. Throttle, failure and the before_chunk hook apply
 // alike on either thread. DeviceEmuOptions::caller_runs_queued = false turns
@@ -355,18 +357,19 @@ struct DeviceEmuBackend::Impl {
     s.busy = false;
     count.fetch_add(1, std::memory_order_relaxed);
     s.finished.fetch_add(1, std::memory_order_release);
-    s.idle_cv.notify_all();  // cheap when nobody waits
-    s.work_cv.notify_all();  // the engine may wait for busy to clear
+    s.idle_cv.notify_all();                        // cheap when nobody waits
+    if (!s.queue.empty()) s.work_cv.notify_all();  // the engine may wait for busy to clear
   }
 
-  // Note [A waiting caller runs the copy]: runs, on the calling thread, the
-  // ops enqueued before `target` that no one has started, while no one else
-  // runs one of this stream's ops.
-  void run_queued(StreamState& s, std::uint64_t target) {
-    std::unique_lock lk(s.mu);
-    while (!s.stop && !failed && !s.busy && !s.queue.empty() &&
-           s.started.load(std::memory_order_relaxed) < target)
-      run_front(s, lk, ops_by_caller);
+  // Note [A waiting caller runs the copy]: whether the caller may run the
+  // next op of s (lk holds s.mu): one enqueued before `target` that no one
+  // has started, while no one else runs one of this stream's ops.
+  bool caller_may_run(const StreamState& s, std::uint64_t target) const {
+    return !s.stop && !failed && !s.busy && !s.queue.empty() &&
+           s.started.load(std::memory_order_relaxed) < target;
+  }
+  void run_queued(StreamState& s, std::unique_lock<std::mutex>& lk, std::uint64_t target) {
+    while (caller_may_run(s, target)) run_front(s, lk, ops_by_caller);
   }
 
   Status execute(const StreamState& s, const Op& op) {
@@ -596,10 +599,21 @@ Status DeviceEmuBackend::synchronize_stream(Stream stream) {
   // keep adding meanwhile.
   const std::uint64_t target = s->submitted.load(std::memory_order_acquire);
   auto done = [&] { return s->finished.load(std::memory_order_acquire) >= target || m.failed; };
-  if (m.opt.caller_runs_queued) m.run_queued(*s, target);
+  const bool help = m.opt.caller_runs_queued;
+  if (help) {
+    std::unique_lock lk(s->mu);
+    m.run_queued(*s, lk, target);
+  }
   Impl::spin_until(done, m.opt.sync_spin_ns);
   std::unique_lock lk(s->mu);
-  s->idle_cv.wait(lk, [&] { return done() || s->stop; });
+  // Every op's end wakes us: if the engine has not taken the next one by
+  // then (it may be waiting for a core), we run it.
+  for (;;) {
+    s->idle_cv.wait(lk,
+                    [&] { return done() || s->stop || (help && m.caller_may_run(*s, target)); });
+    if (done() || s->stop) break;
+    m.run_queued(*s, lk, target);
+  }
   if (m.failed) return Status::device_failed;
   return s->error;
 }

@@ -13,7 +13,9 @@
 #include <cassert>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -253,8 +255,9 @@ inline void fence() {
 }
 
 // Whether thread caches may be used: the asymmetric form needs expedited
-// private membarrier (Linux >= 4.14), registered once per process; a seccomp
-// filter may refuse it, and then pools run without thread caches.
+// private membarrier (Linux >= 4.14), registered once per process (a few
+// milliseconds, an RCU grace period, when the process already has threads);
+// a seccomp filter may refuse it, and then pools run without thread caches.
 bool handshake_available() {
 #ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
   return true;
@@ -267,7 +270,8 @@ bool handshake_available() {
 
 // The drainer's side: a full barrier on every running thread of the process.
 // False if the kernel refused (it cannot, once registered): the caller then
-// leaves the caches alone.
+// leaves the caches alone, so cached blocks may make the pool grow or fail,
+// and it says so on stderr, once.
 bool drainer_fence() {
 #ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
   fence();
@@ -277,6 +281,16 @@ bool drainer_fence() {
   do {
     r = static_cast<int>(::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0));
   } while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    static std::once_flag told;
+    const int err = errno;
+    std::call_once(told, [err] {
+      std::fprintf(stderr,
+                   "u3m: membarrier failed after registration (errno %d): other threads' pool "
+                   "caches are not drained\n",
+                   err);
+    });
+  }
   return r == 0;
 #endif
 }
@@ -578,6 +592,10 @@ PoolBlock* DevicePool::FreeIndex::largest() const {
     if (bitmap_[w]) return bins_[w * 64 + 63 - __builtin_clzll(bitmap_[w])].back().block;
   }
   return nullptr;
+}
+
+bool DevicePool::thread_caches_supported() {
+  return handshake_available();
 }
 
 DevicePool::DevicePool(SegmentSource& source, PoolConfig config)

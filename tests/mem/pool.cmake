@@ -11,6 +11,6 @@ u3m_test(test_backend_source
 # `u3m bench alloc` end to end: U3M_BIN from ctest, else this built-in path.
 u3m_test(test_pool_cli
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_pool_cli.cpp
-  LIBS nlohmann_json::nlohmann_json)
+  LIBS u3m_mem nlohmann_json::nlohmann_json)
 target_compile_definitions(test_pool_cli PRIVATE U3M_BIN_PATH="$<TARGET_FILE:u3m>")
 add_dependencies(test_pool_cli u3m)

@@ -267,10 +267,12 @@ class Engine {
   void pump(Actions& act);
   // Use, queued arrivals and failed allocations above the high watermark
   // (device or host); inline: pump() asks for both tiers at every call.
-  bool over_high(Tier t) const {
+  // Bytes a tier holds or is about to, against its watermarks.
+  double pressure(Tier t) const {
     const int i = static_cast<int>(t);
-    return static_cast<double>(used_[i] + pending_bytes(t) + short_[i]) > high_[i];
+    return static_cast<double>(used_[i] + pending_bytes(t) + short_[i]);
   }
+  bool over_high(Tier t) const { return pressure(t) > high_[static_cast<int>(t)]; }
   void evict_for_pressure(Tier t, Actions& act);
   bool start_job(Link link, const Job& j, Actions& act);
   bool allocate_copy(Entry& e, Tier t);

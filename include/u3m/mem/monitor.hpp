@@ -70,6 +70,8 @@ class Monitor {
     }
   };
   struct State {
+    // growth_bytes_per_s and time_to_oom_s are computed when read
+    // (fill_estimates), so they are stale here: read the report instead.
     TierReport r;
     std::deque<Sample> window;  // oldest first
     std::uint64_t origin_ns = 0;

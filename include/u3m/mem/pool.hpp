@@ -267,6 +267,10 @@ class DevicePool {
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
+  // False where the kernel refuses membarrier(2): then no pool in this
+  // process has a thread cache (Note [Thread cache] in pool.cpp).
+  static bool thread_caches_supported();
+
   // out_of_memory when neither cache nor source can serve; invalid_argument
   // for 0 bytes or a null `out`. `movable` blocks may be moved by compact();
   // `owner` is handed back to its callback.

@@ -24,7 +24,9 @@ namespace u3m::predict {
 // another run skipped, another horizon) forks: it gets a predictor of its
 // own, fed the calls it made so far from the record, and goes on alone. So
 // every reader gets exactly the answers its own predictor would have given.
-// Single-threaded: the readers of one log must not run concurrently.
+// Readers expose answers only: a predictor's own figures (ns_per_op) are the
+// first reader's, not each run's. Single-threaded: the readers of one log
+// must not run concurrently.
 class WindowLog {
  public:
   // `predictor`: a make_predictor() name. The log keeps its own TraceFeed;

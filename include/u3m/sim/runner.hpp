@@ -166,14 +166,21 @@ struct SimReport {
 // simulates one trace several times (train's two optimizer placements)
 // builds them once and passes them in CardSpec::tables.
 struct TraceTables {
+  // Both must outlive the tables.
   TraceTables(const trace::Trace& trace, const std::vector<Step>& steps);
-  // Throws InputError unless built from a trace and steps of these sizes.
+  // Throws InputError unless built from these very objects (a trace of the
+  // same shape with other sizes, e.g. another ZeRO-3 shard count, would
+  // pass a size check and give wrong figures).
   void check(const trace::Trace& trace, const std::vector<Step>& steps) const;
   std::uint64_t footprint;                  // engine::trace_footprint
   std::vector<std::uint64_t> bytes;         // by tensor
   std::vector<std::uint64_t> need;          // by step: the bytes of its touches
   std::vector<std::uint32_t> family_of_op;  // by op: index into families
   std::vector<std::string> families;        // folded op names
+
+ private:
+  const trace::Trace* trace_;
+  const std::vector<Step>* steps_;
 };
 
 // One card of a multi-card run: its own trace (ranks may differ, e.g. a card
