@@ -15,13 +15,13 @@
 // Both sides run the same glibc memcpy on the same buffers: its non-temporal
 // threshold on that VM is 240 MiB, so neither uses streaming stores at these
 // sizes, and 4 MiB engine chunks take the same path as one large copy.
-// Every backend copy is followed by synchronize_stream, as the runtime's
-// transfers are, so the figure is what a caller that waits sees. That caller
-// runs the copy itself when the engine has not started it (Note [A waiting
-// caller runs the copy] in device_emu.cpp), which it mostly does here: then
-// the figure measures device-emu's queueing around the same memcpy, not the
-// engine thread. The share the caller ran is reported per figure, and
-// --engine-only measures the engine thread alone, hand-offs included.
+// --path picks the backend side: sync (default) is memcpy_sync, the path the
+// runtime's transfers take (Note [Synchronous copies] in device_emu.cpp);
+// async is memcpy_async + synchronize_stream, where the waiting caller runs
+// queued copies itself when the engine has not started them (Note [A waiting
+// caller runs the copy]); engine leaves every copy to the engine thread,
+// hand-offs included. All three are device-emu's own work around the same
+// memcpy; the share of copies the calling thread ran is reported per figure.
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,7 +51,7 @@ struct CopyBenchArgs {
   std::string sizes = "64K,1M,4M,16M,64M";
   double seconds = 10;
   int rounds = 41;
-  bool engine_only = false;
+  std::string path = "sync";  // sync | async | engine
   double throttle_gbps = 0;
   double spin_us = 50;
   std::string chunk = "4M";
@@ -99,7 +99,8 @@ void run_copy_bench(const CopyBenchArgs& a) {
   dopt.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = a.throttle_gbps * 1e9;
   dopt.spin_ns = static_cast<std::uint64_t>(a.spin_us * 1e3);
   if (a.spin_us == 0) dopt.sync_spin_ns = 0;
-  dopt.caller_runs_queued = !a.engine_only;
+  dopt.caller_runs_queued = a.path != "engine";
+  const bool sync = a.path == "sync";
   dopt.chunk_bytes = parse_size(a.chunk, "--chunk", 64ull << 30);
   mem::DeviceEmuBackend dev(dopt);
   mem::HostBackend host({.capacity = max_size});
@@ -127,6 +128,10 @@ void run_copy_bench(const CopyBenchArgs& a) {
   for (std::uint64_t size : sizes) {
     for (const Op& op : ops) {
       auto backend = [&] {
+        if (sync) {
+          check(dev.memcpy_sync(op.dst, size, op.src, size, op.kind), "memcpy_sync");
+          return;
+        }
         check(dev.memcpy_async(op.dst, size, op.src, size, op.kind, stream), "memcpy_async");
         check(dev.synchronize_stream(stream), "synchronize_stream");
       };
@@ -171,15 +176,20 @@ void run_copy_bench(const CopyBenchArgs& a) {
 
   const std::string where = machine();
   const bool pinned = host.capabilities().pinned;
+  const char* path_text =
+      a.path == "sync"
+          ? "device-emu memcpy_sync (the copy on the calling thread, as the runtime's transfer "
+            "workers copy)"
+      : a.path == "async"
+          ? "device-emu memcpy_async + synchronize_stream on one stream (a waiting caller runs "
+            "queued copies itself: by caller / caller_ran_share)"
+          : "device-emu memcpy_async + synchronize_stream on one stream, the copy engine thread "
+            "running every copy";
   const std::string method = fmt::format(
-      "device-emu memcpy_async + synchronize_stream on one stream vs plain memcpy between the same "
-      "buffers; {} rounds of one ~{:.0f} ms slice each, order swapped every round; bandwidths are "
-      "medians over rounds, ratio the median of each round's backend/reference; GB/s = 1e9 "
-      "bytes/s; {}",
-      a.rounds, slice * 1e3,
-      a.engine_only ? "the copy engine thread runs every copy (--engine-only)"
-                    : "a waiting caller runs queued copies itself (share: by caller / "
-                      "caller_ran_share); --engine-only measures the engine thread alone");
+      "{} vs plain memcpy between the same buffers; {} rounds of one ~{:.0f} ms slice each, order "
+      "swapped every round; bandwidths are medians over rounds, ratio the median of each round's "
+      "backend/reference; GB/s = 1e9 bytes/s",
+      path_text, a.rounds, slice * 1e3);
   if (a.json) {
     nlohmann::json out;
     out["machine"] = where;
@@ -190,6 +200,7 @@ void run_copy_bench(const CopyBenchArgs& a) {
     out["throttle_gbps"] = a.throttle_gbps;  // 0 = unthrottled
     out["spin_us"] = a.spin_us;
     out["chunk_bytes"] = dopt.chunk_bytes;
+    out["path"] = a.path;
     out["caller_runs_queued"] = dopt.caller_runs_queued;
     out["seconds"] = a.seconds;
     out["results"] = results;
@@ -239,9 +250,12 @@ void add_bench_copy_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--chunk", args->chunk, "Copy engine chunk size (K, M, G = KiB, MiB, GiB)")
       ->capture_default_str();
-  cmd->add_flag("--engine-only", args->engine_only,
-                "Never let the waiting caller run queued copies itself (measures the engine "
-                "thread alone)");
+  cmd->add_option("--path", args->path,
+                  "Which copy path: sync (memcpy_sync, the runtime's), async (memcpy_async + "
+                  "synchronize_stream; the waiting caller may run queued copies) or engine "
+                  "(the same, the engine thread alone)")
+      ->check(CLI::IsMember({"sync", "async", "engine"}))
+      ->capture_default_str();
   cmd->callback([args] { run_copy_bench(*args); });
 }
 

@@ -25,7 +25,6 @@ std::string_view to_string(Link l) {
 struct BackendTransport::Worker {
   BackendTransport& owner;
   Link link;
-  mem::Stream stream{};
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Transfer> queue;
@@ -35,11 +34,6 @@ struct BackendTransport::Worker {
   std::thread thread;
 
   Worker(BackendTransport& o, Link l) : owner(o), link(l) {
-    if (l == Link::d2h || l == Link::h2d) {
-      // Without a stream of its own the link shares the default stream;
-      // still correct, only less parallel.
-      if (!mem::ok(owner.device_.create_stream(&stream))) stream = mem::kDefaultStream;
-    }
     thread = std::thread([this] { run(); });
   }
 
@@ -54,7 +48,6 @@ struct BackendTransport::Worker {
       std::unique_lock lk(mu);
       cv.wait(lk, [&] { return async_in_flight == 0; });
     }
-    if (!(stream == mem::kDefaultStream)) owner.device_.destroy_stream(stream);
   }
 
   void push(const Transfer& t) {
@@ -95,9 +88,9 @@ struct BackendTransport::Worker {
       case Link::d2h:
       case Link::h2d: {
         auto kind = t.link == Link::d2h ? mem::CopyKind::d2h : mem::CopyKind::h2d;
-        Status s = owner.device_.memcpy_async(t.dst, t.bytes, t.src, t.bytes, kind, stream);
-        if (mem::ok(s)) s = owner.device_.synchronize_stream(stream);
-        finish(t, s);
+        // The worker waits for its copy anyway: a synchronous copy (Note
+        // [Synchronous copies] in mem/device_emu.cpp).
+        finish(t, owner.device_.memcpy_sync(t.dst, t.bytes, t.src, t.bytes, kind));
         return;
       }
       case Link::h2s:

@@ -174,6 +174,55 @@ TEST(DeviceEmu, ValidatesPointersAgainstKindAndLiveMemory) {
       << "freed memory is not device memory any more";
 }
 
+// memcpy_sync (Note [Synchronous copies]): the same validation as
+// memcpy_async, the copy done on return by the calling thread (the hook sees
+// kSyncStream, no engine runs it), the link throttle shared with the engines,
+// and a failed device refused.
+TEST(DeviceEmu, SynchronousCopyValidatesCopiesOnTheCallerAndSharesTheThrottle) {
+  constexpr double kRate = 100e6;
+  std::mutex mu;
+  std::set<std::uint64_t> hook_streams;
+  std::set<std::thread::id> hook_threads;
+  DeviceEmuOptions o{.capacity = 4 * MiB,
+                     .chunk_bytes = 256 * KiB,
+                     .before_chunk = [&](CopyKind, std::uint64_t stream, std::uint64_t) {
+                       std::lock_guard g(mu);
+                       hook_streams.insert(stream);
+                       hook_threads.insert(std::this_thread::get_id());
+                     }};
+  o.throttle_bytes_per_s[static_cast<int>(CopyKind::h2d)] = kRate;
+  DeviceEmuBackend dev(o);
+  void* d = nullptr;
+  U3M_ASSERT_OK(dev.allocate(2 * MiB, &d));
+  auto* dp = static_cast<std::uint8_t*>(d);
+  std::vector<std::uint8_t> h(8192, 1);
+  const auto bad = Status::invalid_argument;
+  EXPECT_EQ(dev.memcpy_sync(dp, 100, h.data(), 101, CopyKind::h2d), bad);  // count > dst_max
+  EXPECT_EQ(dev.memcpy_sync(dp + 2 * MiB - 8, 8192, h.data(), 97, CopyKind::h2d), bad);
+  EXPECT_EQ(dev.memcpy_sync(h.data(), 8192, h.data() + 4096, 16, CopyKind::h2d), bad);
+  EXPECT_EQ(dev.memcpy_sync(nullptr, 16, h.data(), 16, CopyKind::h2h), bad);
+  EXPECT_EQ(dev.memcpy_sync(dp, 16, h.data(), 0, CopyKind::h2d), Status::ok);
+  EXPECT_TRUE(hook_streams.empty()) << "nothing valid was copied yet";
+
+  auto src = pattern(31, 1 * MiB);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  U3M_ASSERT_OK(dev.memcpy_sync(dp, 2 * MiB, src.data(), 1 * MiB, CopyKind::h2d));
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_GE(took, 0.8 * (1 * MiB) / kRate) << "the link throttle applies";
+  std::vector<std::uint8_t> back(1 * MiB, 0);
+  U3M_ASSERT_OK(dev.memcpy_sync(back.data(), back.size(), dp, 1 * MiB, CopyKind::d2h));
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(hook_streams, std::set<std::uint64_t>{kSyncStream});
+  EXPECT_EQ(hook_threads, std::set<std::thread::id>{std::this_thread::get_id()});
+  EXPECT_EQ(dev.run_stats().by_engine, 0u);
+  EXPECT_EQ(dev.run_stats().by_caller, 2u);
+
+  dev.inject_failure();
+  EXPECT_EQ(dev.memcpy_sync(back.data(), back.size(), dp, 1 * MiB, CopyKind::d2h),
+            Status::device_failed);
+}
+
 // ---- streams and events ---------------------------------------------------
 
 TEST(DeviceEmu, StreamRunsItsWorkInOrder) {

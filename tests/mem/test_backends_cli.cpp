@@ -62,13 +62,20 @@ TEST(BenchCopyCli, JsonHasOneResultPerOpAndSize) {
   EXPECT_EQ(seen, want);
 }
 
-TEST(BenchCopyCli, EngineOnlyLeavesEveryCopyToTheEngine) {
-  const CliRun r =
-      run("bench copy --json --sizes 64K --seconds 0.1 --rounds 1 --engine-only", false);
-  ASSERT_EQ(r.status, 0) << r.output;
-  const auto j = nlohmann::json::parse(r.output);
-  EXPECT_FALSE(j["caller_runs_queued"].get<bool>());
-  for (const auto& res : j["results"]) EXPECT_EQ(res["caller_ran_share"].get<double>(), 0.0);
+// Who runs the copies, by --path: the caller itself (sync), or the engine
+// thread alone (engine).
+TEST(BenchCopyCli, PathDecidesWhoRunsTheCopies) {
+  for (const auto& [path, share] : {std::pair{"sync", 1.0}, std::pair{"engine", 0.0}}) {
+    const CliRun r =
+        run(std::string("bench copy --json --sizes 64K --seconds 0.1 --rounds 1 --path ") + path,
+            false);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["path"].get<std::string>(), path);
+    for (const auto& res : j["results"]) {
+      EXPECT_EQ(res["caller_ran_share"].get<double>(), share) << path;
+    }
+  }
 }
 
 TEST(BenchCopyCli, ThrottleShowsInTheFigures) {
@@ -87,6 +94,9 @@ TEST(BenchCopyCli, BadSizesNameTheOption) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--sizes item 2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("'12Q'"), std::string::npos) << r.output;
+  r = run("bench copy --path dma");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--path"), std::string::npos) << r.output;
   r = run("bench copy --seconds 0");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--seconds"), std::string::npos) << r.output;

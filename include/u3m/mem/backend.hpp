@@ -20,6 +20,7 @@
 //   memcpy_async(d, dmax, s, n, k, st)
 //                                  aclrtMemcpyAsync(d, dmax, s, n, kind, st)
 //                                  (n > dmax is invalid_argument, as in ACL)
+//   memcpy_sync(d, dmax, s, n, k)  aclrtMemcpy(d, dmax, s, n, kind)
 //   create_stream / destroy_stream aclrtCreateStream / aclrtDestroyStream
 //   synchronize_stream(st)         aclrtSynchronizeStream(st)
 //   create_event / destroy_event   aclrtCreateEvent / aclrtDestroyEvent
@@ -104,6 +105,11 @@ class DeviceBackend : public MemoryBackend {
   // count == 0 is a no-op that returns ok.
   virtual Status memcpy_async(void* dst, std::uint64_t dst_max, const void* src,
                               std::uint64_t count, CopyKind kind, Stream stream) = 0;
+  // Copies now and returns when done, ordered with no stream (as aclrtMemcpy
+  // and cudaMemcpy): for a caller that would wait on the copy anyway. The
+  // same validation as memcpy_async; a failure of the copy is its result.
+  virtual Status memcpy_sync(void* dst, std::uint64_t dst_max, const void* src, std::uint64_t count,
+                             CopyKind kind) = 0;
 
   virtual Status create_stream(Stream* stream) = 0;
   // Waits for the stream's work, then destroys it. The default stream cannot

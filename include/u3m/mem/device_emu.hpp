@@ -36,14 +36,17 @@ struct DeviceEmuOptions {
   bool caller_runs_queued = true;
   // Test hook: called before each chunk is copied (kind, stream id, chunk
   // bytes), on the thread that copies it: the stream's engine, or a caller
-  // running queued work in synchronize_stream. Lets a test hold a copy "in
-  // flight".
+  // running queued work in synchronize_stream, or memcpy_sync's caller (stream
+  // id kSyncStream). Lets a test hold a copy "in flight".
   std::function<void(CopyKind, std::uint64_t stream, std::uint64_t bytes)> before_chunk{};
   // Test hook: called on a stream's engine each time it is about to take an
   // op from the queue (stream id). Lets a test hold the engine idle, as a
   // thread starved of CPU would be.
   std::function<void(std::uint64_t stream)> before_engine_op{};
 };
+
+// The stream id the before_chunk hook sees for a memcpy_sync copy.
+inline constexpr std::uint64_t kSyncStream = UINT64_MAX;
 
 // Who ran the ops (copies and event records) since construction.
 struct DeviceEmuRunStats {
@@ -65,6 +68,10 @@ class DeviceEmuBackend final : public DeviceBackend {
   Status free(void* ptr) override;
   Status mem_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) const override;
 
+  // On the calling thread, through the same link throttle and failure
+  // checks as the copy engines (Note [Synchronous copies] in device_emu.cpp).
+  Status memcpy_sync(void* dst, std::uint64_t dst_max, const void* src, std::uint64_t count,
+                     CopyKind kind) override;
   Status memcpy_async(void* dst, std::uint64_t dst_max, const void* src, std::uint64_t count,
                       CopyKind kind, Stream stream) override;
   Status create_stream(Stream* stream) override;
