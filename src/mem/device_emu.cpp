@@ -37,13 +37,13 @@
 // that thread. When other processes keep both of the dev VM's cores busy, the
 // engine often waits for a core while the caller, already running, waits for
 // the engine, and a hand-off can cost a scheduler slice (~ms). Measured there
-// with `u3m bench copy --engine-only` at load 5-5.5: 73-96% of memcpy at
+// with `u3m bench copy --path engine` at load 5-5.5: 73-96% of memcpy at
 // 4 MiB, 82-103% at 16 MiB, while memcpy timed against itself the same way
 // stayed at 98-103% (docs/memory.md, "Measured: u3m bench copy"). A real copy
 // engine never waits for a CPU, and an emulated one should not make its caller
 // wait for one either. So synchronize_stream first runs, on the calling
 // thread, the ops of its stream that were enqueued before the call and that
-// no one has started, in order: five default bench runs at load 4-5 then
+// no one has started, in order: five bench runs of this path at load 4-5 then
 // gave 92-107% at 4-64 MiB. Stream order holds because one op runs at a time
 // per stream, by whoever set StreamState::busy; the engine leaves the queue
 // alone while it is set. The caller also looks again each time an op ends
