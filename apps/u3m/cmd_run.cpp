@@ -73,6 +73,11 @@ int run_replay(ReplayArgs& a) {
   };
   engine::ReplayReport r = engine::replay_trace(t, o, progress);
   if (tty) fmt::print(stderr, "\r\033[K");
+  if (r.out_of_memory)
+    input_error(a.trace,
+                "{}; the budgets cannot hold this op: raise --device-budget (or "
+                "--device-fraction) or --host-budget, or add an SSD tier with --ssd-dir",
+                r.first_error);
   const engine::EngineStats& s = r.engine;
   const std::string where = fmt::format("measured on {}", machine());
 

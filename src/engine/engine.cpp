@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "u3m/util/error.hpp"
 
 namespace u3m::engine {
@@ -33,7 +35,25 @@ namespace u3m::engine {
 // transfer completes ok. A failed write-back (EIO, ENOSPC, a short write)
 // leaves the upper copy valid, counts the error and backs the tensor off
 // from eviction for a while, doubling on each failure, so a sick disk cannot
-// spin the engine. A clean copy (a lower tier is valid too) is dropped at once.
+// spin the engine. A clean copy (a lower tier is valid too) is dropped at
+// once, unless that lower copy is on the SSD tier alone and has not checked
+// out lately (Note [Verified before dropped]).
+//
+// Note [Verified before dropped]
+// An SSD copy can go bad after it was written: a lost or misdirected write
+// the device acknowledged, a torn write, corruption at rest. The store reads
+// every put back before it installs it (mem::SsdStoreOptions::verify_writes),
+// so a write-back that completes ok left a copy that checked out, and so does
+// a fetch that read it whole. Entry::ssd_verified_ns keeps when that last
+// happened. Dropping a clean upper copy makes the SSD copy the only one, so
+// it is done at once only if that copy checked out within
+// EngineConfig::ssd_verify_max_age_ns; otherwise a verify job reads it back on
+// the s2h link first (write-back priority: it is part of an eviction). If the
+// check fails, the SSD copy goes, the upper copy stays as the only one, and a
+// later eviction writes it back (a repair). The exposure left is corruption
+// at rest of a copy within the age limit, or after its upper copy went: the
+// store's scrubber finds those, and the engine then reports the tensor lost
+// (ssd_copy_failed) instead of serving bad bytes.
 
 namespace {
 constexpr std::uint8_t bit(Tier t) {
@@ -134,6 +154,8 @@ struct alignas(64) Engine::Entry {
   Status error[2] = {Status::ok, Status::ok};  // the last failed fetch into a tier
   std::uint64_t error_gen[2] = {0, 0};         // bumped when error[] of that tier is set
   std::uint64_t backoff_ns = 0;
+  std::uint64_t ssd_verified_ns =
+      0;  // the SSD copy last checked out (Note [Verified before dropped])
 
   bool has(Tier t) const { return valid & bit(t); }
   std::uint32_t total_readers() const { return readers[0] + readers[1]; }
@@ -450,6 +472,23 @@ void Engine::enqueue(Entry& e, Link link, Tier to, bool evict, Priority prio) {
   links_[static_cast<int>(link)].push_back(Job{prio, next_seq_++, e.id, to, evict, 0, e.bytes});
 }
 
+bool Engine::drop_clean(Entry& e, Tier t, Actions& act) {
+  const Tier other = t == Tier::device ? Tier::host : Tier::device;
+  if (!e.has(other) && !e.has(Tier::ssd)) return false;  // dirty
+  const std::uint64_t now = clock_.now_ns();
+  if (e.has(other) || now - e.ssd_verified_ns < config_.ssd_verify_max_age_ns) {
+    free_copy(e, t, act);
+    count_eviction();
+    ++st_.clean_drops;
+    return true;
+  }
+  // Note [Verified before dropped]: check the SSD copy first.
+  set_evict_want(e, t, true);
+  links_[static_cast<int>(Link::s2h)].push_back(
+      Job{Priority::writeback, next_seq_++, e.id, t, true, 0, 0, /*verify=*/true});
+  return true;
+}
+
 // The next hop toward `tier` for a copy, from the nearest valid tier.
 void Engine::want(Entry& e, Tier tier, Priority prio) {
   if (e.has(tier) || e.lost) return;
@@ -497,17 +536,11 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
   load -= static_cast<double>(leaving_[i]);  // already on their way out
   const Link out = t == Tier::device ? Link::d2h : Link::h2s;
   auto take = [&](Entry& e) {  // evicts e from t; false if it cannot leave
-    bool lower_valid = t == Tier::device ? (e.has(Tier::host) || e.has(Tier::ssd))
-                                         : (e.has(Tier::ssd) || e.has(Tier::device));
-    if (lower_valid) {  // clean: Note [Upper copy until the lower is confirmed]
-      free_copy(e, t, act);
-      count_eviction();
-      ++st_.clean_drops;
-    } else {
-      if (t == Tier::host && !transport_.has_ssd()) return false;  // nowhere to go
-      set_evict_want(e, t, true);
-      enqueue(e, out, link_dst(out), true, Priority::writeback);
-    }
+    // Clean: Note [Upper copy until the lower is confirmed].
+    if (drop_clean(e, t, act)) return true;
+    if (t == Tier::host && !transport_.has_ssd()) return false;  // nowhere to go
+    set_evict_want(e, t, true);
+    enqueue(e, out, link_dst(out), true, Priority::writeback);
     return true;
   };
   auto candidate = [&](const Entry& e) {
@@ -583,6 +616,7 @@ bool Engine::start_job(Link link, const Job& j, Actions& act) {
   Entry* found = find(j.id);
   if (!found) return true;
   Entry& e = *found;
+  if (j.verify) return start_verify(e, j, act);
   const Tier from = link_src(link), to = link_dst(link);
   if (!j.evict && e.queued_prio[idx(j.to)] == static_cast<std::uint8_t>(j.prio))
     e.queued_prio[idx(j.to)] = kNoPrio;
@@ -622,6 +656,87 @@ bool Engine::start_job(Link link, const Job& j, Actions& act) {
   return true;
 }
 
+// A verify job (Note [Verified before dropped]): reads the SSD copy back,
+// then drops the copy in j.to. Never waits for room: it lands nowhere.
+bool Engine::start_verify(Entry& e, const Job& j, Actions& act) {
+  const Tier drop = j.to;
+  if (e.moving) {
+    // Stale, unless this very job's transfer is running (its completion
+    // clears the flag), as in start_job.
+    if (!(e.moving_evict && e.moving_from == drop)) set_evict_want(e, drop, false);
+    return true;
+  }
+  if (e.writer || e.lost || !e.has(Tier::ssd) || !e.has(drop) || !(e.evict_want & bit(drop)) ||
+      e.pinned(drop) || e.waiters[idx(drop)] != 0) {
+    set_evict_want(e, drop, false);
+    return true;  // stale: the copy was used, written or dropped meanwhile
+  }
+  e.moving = true;
+  e.moving_evict = true;
+  e.moving_from = drop;
+  Transfer t;
+  t.ticket = next_ticket_++;
+  t.tensor = e.id;
+  t.link = Link::s2h;
+  t.bytes = e.bytes;  // src and dst null: a read that only checks
+  t.rate_limit = config_.link_rate[static_cast<int>(Link::s2h)];
+  running_.push_back(Running{t.ticket, j, Link::s2h, drop, clock_.now_ns()});
+  ++links_[static_cast<int>(Link::s2h)].in_flight;
+  act.transfers.push_back(t);
+  return true;
+}
+
+void Engine::count_failure(Status s) {
+  switch (s) {
+    case Status::io_error:
+      ++st_.io_errors;
+      break;
+    case Status::no_space:
+      ++st_.no_space;
+      break;
+    case Status::short_io:
+      ++st_.short_io;
+      break;
+    case Status::corrupt:
+      ++st_.corrupt_reads;
+      break;
+    case Status::device_failed:
+      ++st_.device_errors;
+      break;
+    default:
+      ++st_.io_errors;
+      break;
+  }
+}
+
+void Engine::mark_lost_if_gone(Entry& e) {
+  if (e.valid == 0 && !e.lost) {
+    e.lost = true;
+    ++st_.lost_tensors;
+    st_.lost_bytes += e.bytes;
+  }
+}
+
+void Engine::ssd_copy_failed(TensorId id) {
+  Actions act;
+  {
+    std::lock_guard lk(mu_);
+    Entry* found = find(id);
+    if (!found) return;
+    Entry& e = *found;
+    // A newer copy the store holds, or one being written (the flag is set
+    // only once its put completes), is not the one that failed.
+    if (!e.has(Tier::ssd) || transport_.ssd_holds(id)) return;
+    ++st_.ssd_copies_failed;
+    free_copy(e, Tier::ssd, act);
+    mark_lost_if_gone(e);
+    rewant(e);
+    pump(act);
+    notify();
+  }
+  run(act);
+}
+
 void Engine::pump(Actions& act) {
   // Two passes: allocations that failed in the first (short_) make the
   // second evict enough for them.
@@ -633,6 +748,8 @@ void Engine::pump(Actions& act) {
     for (int l = 0; l < kNumLinks; ++l) {
       LinkQueue& lq = links_[l];
       if (lq.empty()) continue;
+      while (!lq.verify.empty() && lq.in_flight < config_.link_slots[l])
+        start_job(static_cast<Link>(l), lq.pop(-1), act);  // never waits for room
       for (int p = 0; p < kNumPriorities && lq.in_flight < config_.link_slots[l];) {
         if (lq.q[p].empty()) {
           ++p;
@@ -680,7 +797,30 @@ void Engine::on_done(const Transfer& t, Status s) {
     e.moving = false;
     ++changes_;
     const Tier from = r.from, to = link_dst(r.link);
-    if (mem::ok(s)) {
+    if (r.job.verify) {
+      // Note [Verified before dropped]: r.from is the copy to drop.
+      set_evict_want(e, from, false);
+      ++st_.ssd_verifies;
+      if (mem::ok(s)) {
+        ++ls.transfers;
+        ls.bytes += t.bytes;
+        ++ls.by_priority[static_cast<int>(r.job.prio)];
+        e.ssd_verified_ns = clock_.now_ns();
+        if (e.has(from) && e.has(Tier::ssd) && !e.pinned(from) && e.waiters[idx(from)] == 0) {
+          free_copy(e, from, act);
+          count_eviction();
+          ++st_.clean_drops;
+        }
+      } else {
+        ++ls.failures;
+        ++st_.ssd_verify_failures;
+        count_failure(s);
+        // The SSD copy is bad: it goes, and the upper copy, now the only
+        // one, stays until a write-back confirms a new lower copy.
+        if (e.has(Tier::ssd)) free_copy(e, Tier::ssd, act);
+      }
+      rewant(e);
+    } else if (mem::ok(s)) {
       ++ls.transfers;
       ls.bytes += t.bytes;
       ++ls.by_priority[static_cast<int>(r.job.prio)];
@@ -690,6 +830,8 @@ void Engine::on_done(const Transfer& t, Status s) {
         used_[2] += e.bytes;
         note_use(Tier::ssd);
       }
+      // Written with read-back, or read whole: the SSD copy checked out.
+      if (to == Tier::ssd || from == Tier::ssd) e.ssd_verified_ns = clock_.now_ns();
       touch(e, to);
       if (r.job.prio == Priority::prefetch) e.prefetched |= bit(to);
       e.prefetch_want &= static_cast<std::uint8_t>(~bit(to));
@@ -709,26 +851,7 @@ void Engine::on_done(const Transfer& t, Status s) {
       rewant(e);
     } else {
       ++ls.failures;
-      switch (s) {
-        case Status::io_error:
-          ++st_.io_errors;
-          break;
-        case Status::no_space:
-          ++st_.no_space;
-          break;
-        case Status::short_io:
-          ++st_.short_io;
-          break;
-        case Status::corrupt:
-          ++st_.corrupt_reads;
-          break;
-        case Status::device_failed:
-          ++st_.device_errors;
-          break;
-        default:
-          ++st_.io_errors;
-          break;
-      }
+      count_failure(s);
       if (to != Tier::ssd) free_copy(e, to, act);  // the half-filled destination
       const bool read_fault = (s == Status::corrupt || s == Status::io_error) && from == Tier::ssd;
       if (read_fault && r.job.attempt < config_.read_retries) {
@@ -749,10 +872,7 @@ void Engine::on_done(const Transfer& t, Status s) {
         if (s == Status::corrupt && from == Tier::ssd) {
           free_copy(e, Tier::ssd, act);  // a copy that keeps failing its checksum is gone
         }
-        if (e.valid == 0 && !e.lost) {
-          e.lost = true;
-          ++st_.lost_tensors;
-        }
+        mark_lost_if_gone(e);
         for (Tier w : {Tier::device, Tier::host}) {
           if (e.waiters[idx(w)] > 0 || (e.demand_want & bit(w))) {
             e.error[idx(w)] = s;  // a failed prefetch is only counted
@@ -799,6 +919,7 @@ Status Engine::remove(TensorId id) {
     recycle(&e);
     st_.tensors = entries_.size();
     pump(act);
+    notify();  // room was freed
   }
   run(act);
   return Status::ok;
@@ -829,18 +950,147 @@ void Engine::grant(Entry& e, Tier tier, Access access, Lease* out, Actions& act)
     e.prefetched &= static_cast<std::uint8_t>(~bit(tier));
   }
   touch(e, tier);
-  *out = Lease{e.id, tier, access, e.ptr[i], e.bytes};
+  const std::thread::id me = std::this_thread::get_id();
+  Holder& h = holder(me);
+  ++h.leases;
+  h.bytes += e.bytes;
+  ++leases_;
+  if (h.waiting) ++waiting_leases_;
+  *out = Lease{e.id, tier, access, e.ptr[i], e.bytes, me};
 }
 
 // Note [Blocking acquire]
 // acquire() loops: grant if it can; else register as a waiter, schedule the
 // demand fetch (or the eviction that makes room), run the transfers outside
-// the lock, and sleep until the engine's epoch moves (any completion or
-// release). It gives up with out_of_memory only when nothing can change: no
-// transfer is running or startable, and the bytes pinned in the tier leave no
-// room for this tensor, or nothing is pinned in either memory tier and no
-// write-back back-off is pending (so neither a release nor time can help).
-// Otherwise it waits, polling every millisecond so back-offs also expire.
+// the lock, and sleep until the engine's epoch moves (any completion, release,
+// removal or eviction). It gives up only when no progress is possible.
+//
+// Note [No progress]
+// A waiting caller cannot make progress when nothing that could change the
+// state is left: no transfer is running or startable, no write-back back-off
+// is still running (its end makes a copy evictable again), and every lease is
+// held by a holder that is itself waiting. Holders are threads: a lease
+// counts as held by the thread that acquired it, and a thread blocked in
+// acquire() or wait_for_change() cannot release its own leases, so an op that
+// holds its first tensors and waits for room that only they occupy (the
+// replay of a trace under a host budget smaller than a tensor, issue 14) is
+// refused at once instead of waiting for ever. No timeout is involved: the
+// decision is read off the leases, the queues and the tiers. Of several
+// threads in a cycle only the one that closes it is refused: the others
+// waited while it could still release, and once refused it is no longer
+// waiting, so their view stays true. A thread that frees room without
+// holding a lease (a remove() on another thread) is not foreseen: as with
+// malloc, a tier full of data that cannot move is out of memory now. The
+// caller gets out_of_memory (busy when the only thing in the way is a
+// conflicting lease of its own), and last_failure() names the tensor, each
+// tier's use against its capacity and the bytes the waiting callers hold.
+namespace {
+thread_local std::string t_last_failure;  // Engine::last_failure()
+std::string mib(std::uint64_t b) {
+  return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+}
+}  // namespace
+
+const std::string& Engine::last_failure() {
+  return t_last_failure;
+}
+
+class Engine::Waiting {
+ public:
+  explicit Waiting(Engine& eng) : eng_(eng) {}
+  ~Waiting() { set(false); }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+  void set(bool on) {  // under the engine's lock
+    if (on == on_) return;
+    on_ = on;
+    const std::thread::id me = std::this_thread::get_id();
+    Holder& h = eng_.holder(me);
+    h.waiting = on;
+    if (on)
+      eng_.waiting_leases_ += h.leases;
+    else
+      eng_.waiting_leases_ -= h.leases;
+    if (!on) eng_.drop_holder_if_idle(me);
+  }
+
+ private:
+  Engine& eng_;
+  bool on_ = false;
+};
+
+Engine::Holder& Engine::holder(std::thread::id tid) {
+  for (Holder& h : holders_)
+    if (h.tid == tid) return h;
+  holders_.push_back(Holder{tid});
+  return holders_.back();
+}
+
+void Engine::drop_holder_if_idle(std::thread::id tid) {
+  for (std::size_t k = 0; k < holders_.size(); ++k) {
+    Holder& h = holders_[k];
+    if (h.tid != tid) continue;
+    if (h.leases == 0 && !h.waiting) {
+      h = holders_.back();
+      holders_.pop_back();
+    }
+    return;
+  }
+}
+
+bool Engine::can_change(std::uint64_t now, std::uint64_t* wake_at) const {
+  if (!running_.empty()) return true;          // a completion will come
+  if (leases_ > waiting_leases_) return true;  // someone not waiting may release
+  if (now < backoff_horizon_) {                // a back-off may still end
+    *wake_at = std::min(*wake_at, backoff_horizon_);
+    return true;
+  }
+  return false;
+}
+
+bool Engine::rescan(Actions& act) {
+  const std::uint64_t evictions_before = st_.evictions;
+  const std::size_t started = act.transfers.size();
+  // The futile-scan memo is only a shortcut: before concluding anything,
+  // scan every tier afresh once.
+  futile_[0] = futile_[1] = ~0ull;
+  pump(act);
+  return act.transfers.size() != started || st_.evictions != evictions_before;
+}
+
+void Engine::sleep_for_change(std::unique_lock<std::mutex>& lk, std::uint64_t seen,
+                              std::uint64_t wake_at) {
+  auto changed = [&] { return epoch_ != seen; };
+  if (wake_at == ~0ull) {
+    cv_.wait(lk, changed);
+    return;
+  }
+  // A back-off ends on the engine's clock, which may be a test's manual
+  // clock: poll it at most every millisecond while one is pending.
+  const std::uint64_t now = clock_.now_ns();
+  const std::uint64_t dt = wake_at > now ? std::min<std::uint64_t>(wake_at - now, 1'000'000) : 0;
+  cv_.wait_for(lk, std::chrono::nanoseconds(dt), changed);
+}
+
+std::string Engine::describe_stuck(const Entry* e, Tier tier) const {
+  std::uint64_t mine = 0, waiting_bytes = 0;
+  const std::thread::id me = std::this_thread::get_id();
+  for (const Holder& h : holders_) {
+    if (h.tid == me) mine = h.bytes;
+    if (h.waiting) waiting_bytes += h.bytes;
+  }
+  std::string what = e ? fmt::format("tensor {} ({}) cannot get into {}", e->id, mib(e->bytes),
+                                     mem::to_string(tier))
+                       : std::string("the waiting caller cannot go on");
+  return fmt::format(
+      "{}: no progress is possible: device {} of {} used, host {} of {} used, {}; "
+      "{} held by the waiting caller's own leases ({} by all waiting callers), "
+      "nothing in flight and nothing left to evict",
+      what, mib(used_[0]), mib(config_.device.capacity), mib(used_[1]), mib(config_.host.capacity),
+      transport_.has_ssd() ? fmt::format("ssd {} used", mib(used_[2])) : std::string("no SSD tier"),
+      mib(mine), mib(waiting_bytes));
+}
+
 Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
                               Lease* out, bool block, Actions& act) {
   const int i = idx(tier);
@@ -848,6 +1098,7 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
   const std::uint64_t t0 = clock_.now_ns();
   bool waited = false, counted_waiter = false;
   Status result = Status::ok;
+  Waiting waiting(*this);
   for (;;) {
     // A fetch failed for this tier: a blocked caller sees the failures that
     // happened while it waited; a polling caller sees the one it asked for.
@@ -879,50 +1130,68 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
       result = Status::busy;
       break;
     }
-    bool stuck =
-        running_.empty() && act.transfers.empty() && st_.evictions == evictions_before && !e.moving;
-    if (stuck) {
-      // The futile-scan memo is only a shortcut: before concluding anything,
-      // scan every tier afresh once.
-      futile_[0] = futile_[1] = ~0ull;
-      pump(act);
-      stuck = act.transfers.empty() && st_.evictions == evictions_before && running_.empty();
-    }
-    if (stuck && !(e.has(tier) && !grantable(e, tier, access))) {
-      // Waiting for room (here, or in host for a two-hop fetch): can a
-      // release or a back-off ending ever make it? Not if the bytes pinned in
-      // this tier leave no room, nor if nothing is pinned or backed off in
-      // either memory tier.
-      std::uint64_t pinned_here = 0, pinned_all = 0;
-      bool backed_off = false;
-      const std::uint64_t now = clock_.now_ns();
-      for (int m = 0; m < 2; ++m) {
-        for (Entry* x = lru_[m].head; x; x = x->lru_next[m]) {
-          if (x == &e) continue;
-          if (x->pinned(static_cast<Tier>(m))) {
-            pinned_all += x->bytes;
-            if (m == i) pinned_here += x->bytes;
-          }
-          backed_off = backed_off || now < x->backoff_until;
-        }
-      }
-      const std::uint64_t cap =
-          tier == Tier::device ? config_.device.capacity : config_.host.capacity;
-      if (pinned_here + e.bytes > cap || (pinned_all == 0 && !backed_off)) {
-        ++st_.oom;
-        result = Status::out_of_memory;
+    waiting.set(true);
+    std::uint64_t wake_at = ~0ull;
+    bool evicted = st_.evictions != evictions_before;
+    if (act.transfers.empty() && !evicted && !can_change(clock_.now_ns(), &wake_at)) {
+      evicted = rescan(act) && act.transfers.empty();
+      if (!evicted && act.transfers.empty()) {
+        const bool in_the_way = e.has(tier) && !grantable(e, tier, access);
+        result = in_the_way ? Status::busy : Status::out_of_memory;
+        if (!in_the_way) ++st_.oom;
+        t_last_failure = in_the_way
+                             ? fmt::format(
+                                   "tensor {} ({}): a conflicting lease of the waiting caller "
+                                   "itself is in the way, so it would wait for ever",
+                                   e.id, mib(e.bytes))
+                             : describe_stuck(&e, tier);
         break;
       }
     }
+    // Room made without a transfer (clean copies dropped): no completion
+    // will come to wake us, so try again at once.
+    if (evicted && act.transfers.empty()) continue;
     const std::uint64_t epoch = epoch_;
     lk.unlock();
     run(act);
     lk.lock();
     waited = true;
-    cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return epoch_ != epoch; });
+    sleep_for_change(lk, epoch, wake_at);
   }
   if (counted_waiter && --e.waiters[i] == 0) ++changes_;  // no longer held by a waiter
   if (waited) st_.stall_ns += clock_.now_ns() - t0;
+  return result;
+}
+
+std::uint64_t Engine::epoch() const {
+  std::lock_guard lk(mu_);
+  return epoch_;
+}
+
+Status Engine::wait_for_change(std::uint64_t seen) {
+  Actions act;
+  Status result = Status::ok;
+  {
+    std::unique_lock lk(mu_);
+    Waiting waiting(*this);
+    waiting.set(true);
+    while (epoch_ == seen) {
+      std::uint64_t wake_at = ~0ull;
+      if (!can_change(clock_.now_ns(), &wake_at)) {
+        if (rescan(act)) {
+          // Started or evicted something: that is a change of its own.
+          notify();
+          break;
+        }
+        ++st_.oom;
+        t_last_failure = describe_stuck(nullptr, Tier::device);
+        result = Status::out_of_memory;
+        break;
+      }
+      sleep_for_change(lk, seen, wake_at);
+    }
+  }
+  run(act);
   return result;
 }
 
@@ -956,6 +1225,9 @@ Status Engine::release(const Lease& lease) {
     if (!found) return Status::not_found;
     Entry& e = *found;
     const int i = idx(lease.tier);
+    auto h = std::find_if(holders_.begin(), holders_.end(),
+                          [&](const Holder& x) { return x.tid == lease.holder; });
+    if (h == holders_.end() || h->leases == 0) return Status::invalid_argument;  // not a lease
     if (lease.access == Access::write) {
       if (!e.writer || !e.has(lease.tier)) return Status::invalid_argument;
       e.writer = false;
@@ -963,6 +1235,11 @@ Status Engine::release(const Lease& lease) {
       if (lease.tier == Tier::ssd || e.readers[i] == 0) return Status::invalid_argument;
       --e.readers[i];
     }
+    --h->leases;
+    h->bytes -= std::min(h->bytes, lease.bytes);
+    --leases_;
+    if (h->waiting) --waiting_leases_;
+    drop_holder_if_idle(lease.holder);
     touch(e, lease.tier);
     ++changes_;  // a released copy may be evictable now
     rewant(e);
@@ -1001,19 +1278,15 @@ Status Engine::evict(TensorId id, Tier from) {
     Entry& e = *found;
     if (!e.has(from)) return Status::ok;
     if (e.pinned(from) || e.moving) return Status::busy;
-    const bool lower = from == Tier::device ? (e.has(Tier::host) || e.has(Tier::ssd))
-                                            : (e.has(Tier::ssd) || e.has(Tier::device));
-    if (lower) {
-      free_copy(e, from, act);
-      count_eviction();
-      ++st_.clean_drops;
-    } else {
+    if (e.evict_want & bit(from)) return Status::ok;  // already leaving
+    if (!drop_clean(e, from, act)) {
       if (from == Tier::host && !transport_.has_ssd()) return Status::unsupported;
       set_evict_want(e, from, true);
       Link out = from == Tier::device ? Link::d2h : Link::h2s;
       enqueue(e, out, link_dst(out), true, Priority::writeback);
     }
     pump(act);
+    notify();  // room may have been freed
   }
   run(act);
   return Status::ok;
@@ -1024,6 +1297,7 @@ Status Engine::evict(TensorId id, Tier from) {
 void Engine::set_victim_score(VictimScore fn) {
   std::lock_guard lk(mu_);
   victim_score_ = std::move(fn);
+  notify();  // copies the old order kept may be evictable now
 }
 
 void Engine::drain() {

@@ -66,7 +66,18 @@ RealStack::RealStack(const RealStackOptions& o)
       input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir
   }
   transport_ = std::make_unique<BackendTransport>(device_, ssd_.get());
+  // The engine counts a completed write-back as a copy that checked out
+  // (Note [Verified before dropped]); without the store's read-back it is not.
+  // The store does not read its writes back yet: no SSD copy counts as
+  // checked out, so every drop onto it is verified first.
+  if (ssd_) c.ssd_verify_max_age_ns = 0;
   engine_ = std::make_unique<Engine>(c, pool_, host_, *transport_, clock_);
+  std::lock_guard g(corrupt_mu_);
+  corrupt_sink_ = engine_.get();
+}
+
+std::string RealStack::ssd_notice() const {
+  return {};
 }
 
 RealStack::Scratch::~Scratch() {
@@ -76,6 +87,10 @@ RealStack::Scratch::~Scratch() {
 }
 
 RealStack::~RealStack() {
+  {
+    std::lock_guard g(corrupt_mu_);
+    corrupt_sink_ = nullptr;
+  }
   engine_.reset();  // Note [Real stack]
   transport_.reset();
   ssd_.reset();

@@ -303,11 +303,23 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     for (Held& h : waiting) {
       const Status s = engine.acquire(id_of(h.tensor), Tier::device,
                                       h.fresh ? Access::write : Access::read, &h.lease);
-      if (mem::ok(s))
+      if (mem::ok(s)) {
         leases.push_back(h);
-      else
+      } else if (s == Status::out_of_memory || s == Status::busy) {
+        // No progress is possible (Note [No progress] in engine.cpp): every
+        // later op would wait for the same room, so the replay ends here.
+        rep.out_of_memory = true;
+        fail(fmt::format("op {} ('{}') tensor '{}': {}", op, trace.ops[step.op].name,
+                         trace.tensors[h.tensor].name, Engine::last_failure()));
+        break;
+      } else {
         fail(fmt::format("op {} tensor '{}': {}", op, trace.tensors[h.tensor].name,
                          mem::to_string(s)));
+      }
+    }
+    if (rep.out_of_memory) {
+      for (const Held& h : leases) engine.release(h.lease);
+      break;
     }
     // Note [Compute in replay]: the op "runs on the device" from the moment
     // it holds its tensors until `deadline`; the checks and fills below are

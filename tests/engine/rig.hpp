@@ -57,6 +57,7 @@ struct RigOptions {
   std::uint64_t device = 1 * mem::MiB, host = 4 * mem::MiB, ssd = 0;  // ssd 0 = two tiers
   std::shared_ptr<mem::IoEngine> io;                                  // null: default engine
   EngineConfig config{};
+  double scrub_bytes_per_s = 0;  // the SSD store's scrubber; 0 = off (deterministic tests)
 };
 
 // The real stack on this machine (engine::RealStack), quiet copy engines.
@@ -72,6 +73,7 @@ struct Rig {
     r.ssd_io = o.io;
     r.copy_spin = false;
     r.engine = o.config;
+    r.ssd_scrub_bytes_per_s = o.scrub_bytes_per_s;
     return r;
   }
   explicit Rig(RigOptions o = {}) : stack(options(o)), engine(&stack.engine()) {}
@@ -108,6 +110,10 @@ class ManualTransport final : public Transport {
     return Status::ok;
   }
   bool has_ssd() const override { return with_ssd; }
+  bool ssd_holds(std::uint64_t key) const override {
+    std::lock_guard lk(mu_);
+    return ssd_.contains(key);
+  }
 
   // Completes the oldest started transfer (or the one with `ticket`).
   Transfer complete(Status s = Status::ok, std::optional<std::uint64_t> ticket = {}) {
@@ -126,7 +132,8 @@ class ManualTransport final : public Transport {
           auto& v = ssd_[t.tensor];
           v.assign(static_cast<const char*>(t.src), static_cast<const char*>(t.src) + t.bytes);
         } else if (t.link == Link::s2h) {
-          std::memcpy(t.dst, ssd_.at(t.tensor).data(), t.bytes);
+          const auto& v = ssd_.at(t.tensor);
+          if (t.dst) std::memcpy(t.dst, v.data(), t.bytes);  // null: a verify read
         } else {
           std::memcpy(t.dst, t.src, t.bytes);
         }
@@ -145,7 +152,7 @@ class ManualTransport final : public Transport {
   std::uint64_t erases = 0;
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   TransferDone done_;
   std::map<std::uint64_t, std::vector<char>> ssd_;
 };

@@ -120,5 +120,114 @@ TEST(EngineFaults, RandomFaultSoakLosesNothingAndCountsEveryFault) {
   EXPECT_GT(f.io->injected_total(), 10u);  // the soak really injected faults
 }
 
+// Note [Verified before dropped], on a transport the test completes by hand:
+// a clean host copy over an SSD copy that has not checked out lately is
+// dropped only after a verify read, and kept if that read fails.
+struct VerifyRig {
+  testing::ManualRig rig;
+  Engine& e;
+  explicit VerifyRig(std::uint64_t max_age_ns)
+      : rig([&] {
+          EngineConfig c;
+          c.device.capacity = 1 * MiB;
+          c.host.capacity = 1 * MiB;
+          c.ssd_verify_max_age_ns = max_age_ns;
+          return c;
+        }()),
+        e(*rig.engine) {}
+  // Tensor 1 with version 3 on host and SSD, both valid (written, written
+  // back, read back).
+  void host_and_ssd() {
+    ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+    ASSERT_EQ(testing::write_version(e, 1, 3, Tier::host), Status::ok);
+    ASSERT_EQ(e.evict(1, Tier::host), Status::ok);
+    ASSERT_EQ(rig.transport.pending(), 1u);
+    ASSERT_EQ(rig.transport.complete().link, Link::h2s);
+    ASSERT_FALSE(e.residency(1)->valid[1]);
+    Lease l;
+    ASSERT_EQ(e.try_acquire(1, Tier::host, Access::read, &l), Status::busy);
+    ASSERT_EQ(rig.transport.complete().link, Link::s2h);
+    ASSERT_EQ(e.try_acquire(1, Tier::host, Access::read, &l), Status::ok);
+    EXPECT_EQ(testing::first_mismatch(l.ptr, l.bytes, 1, 3), -1);
+    ASSERT_EQ(e.release(l), Status::ok);
+    ASSERT_TRUE(e.residency(1)->valid[1]);
+    ASSERT_TRUE(e.residency(1)->valid[2]);
+  }
+};
+
+TEST(EngineVerify, AFreshSsdCopyLetsTheUpperCopyGoAtOnce) {
+  VerifyRig v(~0ull);  // every copy counts as fresh
+  v.host_and_ssd();
+  ASSERT_EQ(v.e.evict(1, Tier::host), Status::ok);
+  EXPECT_EQ(v.rig.transport.pending(), 0u);
+  EXPECT_FALSE(v.e.residency(1)->valid[1]);
+  EXPECT_EQ(v.e.stats().ssd_verifies, 0u);
+}
+
+TEST(EngineVerify, AnOldSsdCopyIsReadBackBeforeTheUpperCopyGoes) {
+  VerifyRig v(0);
+  v.host_and_ssd();
+  ASSERT_EQ(v.e.evict(1, Tier::host), Status::ok);
+  ASSERT_EQ(v.rig.transport.pending(), 1u);
+  const Transfer t = v.rig.transport.started.front();
+  EXPECT_EQ(t.link, Link::s2h);
+  EXPECT_EQ(t.dst, nullptr);  // a read that only checks
+  EXPECT_TRUE(v.e.residency(1)->valid[1]) << "dropped before the check came back";
+  v.rig.transport.complete();
+  EXPECT_FALSE(v.e.residency(1)->valid[1]);
+  EXPECT_TRUE(v.e.residency(1)->valid[2]);
+  const EngineStats st = v.e.stats();
+  EXPECT_EQ(st.ssd_verifies, 1u);
+  EXPECT_EQ(st.ssd_verify_failures, 0u);
+  EXPECT_EQ(st.clean_drops, 1u);
+}
+
+TEST(EngineVerify, AFailedCheckKeepsTheUpperCopyAndRewritesIt) {
+  VerifyRig v(0);
+  v.host_and_ssd();
+  ASSERT_EQ(v.e.evict(1, Tier::host), Status::ok);
+  v.rig.transport.complete(Status::corrupt);
+  auto r = v.e.residency(1);
+  EXPECT_TRUE(r->valid[1]) << "the only good copy must stay";
+  EXPECT_FALSE(r->valid[2]);
+  EXPECT_FALSE(r->lost);
+  EXPECT_EQ(v.e.stats().ssd_verify_failures, 1u);
+  // The next eviction writes it back (a repair), and the data is intact.
+  ASSERT_EQ(v.e.evict(1, Tier::host), Status::ok);
+  ASSERT_EQ(v.rig.transport.complete().link, Link::h2s);
+  r = v.e.residency(1);
+  EXPECT_FALSE(r->valid[1]);
+  EXPECT_TRUE(r->valid[2]);
+  Lease l;
+  ASSERT_EQ(v.e.try_acquire(1, Tier::host, Access::read, &l), Status::busy);
+  v.rig.transport.complete();
+  ASSERT_EQ(v.e.try_acquire(1, Tier::host, Access::read, &l), Status::ok);
+  EXPECT_EQ(testing::first_mismatch(l.ptr, l.bytes, 1, 3), -1);
+  v.e.release(l);
+}
+
+// The store found the only copy corrupt (a scrub): the tensor is reported
+// lost, never served. A copy the store still holds is left alone.
+TEST(EngineVerify, AnSsdCopyTheStoreDroppedIsForgottenAndTheLossReported) {
+  VerifyRig v(~0ull);
+  v.host_and_ssd();
+  ASSERT_EQ(v.e.evict(1, Tier::host), Status::ok);  // fresh: dropped at once
+  ASSERT_FALSE(v.e.residency(1)->valid[1]);
+  v.e.ssd_copy_failed(1);  // the store still holds it: not this copy
+  EXPECT_TRUE(v.e.residency(1)->valid[2]);
+  EXPECT_EQ(v.e.stats().ssd_copies_failed, 0u);
+  v.rig.transport.erase_ssd(1);  // as the store does before it calls back
+  v.e.ssd_copy_failed(1);
+  v.e.ssd_copy_failed(1);  // idempotent
+  const auto r = v.e.residency(1);
+  EXPECT_TRUE(r->lost);
+  const EngineStats st = v.e.stats();
+  EXPECT_EQ(st.ssd_copies_failed, 1u);
+  EXPECT_EQ(st.lost_tensors, 1u);
+  EXPECT_EQ(st.lost_bytes, 64 * KiB);
+  Lease l;
+  EXPECT_EQ(v.e.acquire(1, Tier::device, Access::read, &l), Status::corrupt);
+}
+
 }  // namespace
 }  // namespace u3m::engine

@@ -21,6 +21,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +57,11 @@ struct EngineConfig {
   // engine's priority queue, so a demand fetch overtakes queued write-backs.
   std::array<unsigned, kNumLinks> link_slots{2, 2, 8, 8};
   unsigned read_retries = 2;  // re-reads of an SSD copy that failed its checksum
+  // A clean copy whose only other copy is on the SSD tier is dropped at once
+  // only if that copy checked out (written with read-back, or read whole)
+  // within this long; an older one is verified first (Note [Verified before
+  // dropped] in engine.cpp). 0 = always verify.
+  std::uint64_t ssd_verify_max_age_ns = 1'000'000'000;
   std::uint64_t failure_backoff_ns =
       1'000'000;  // first pause before re-evicting after a failed write-back
   mem::MonitorConfig monitor{};
@@ -70,13 +77,16 @@ struct Residency {
   bool lost = false;  // no readable copy is left (reported, never hidden)
 };
 
-// A pinned copy: ptr stays valid and unmoved until release(lease).
+// A pinned copy: ptr stays valid and unmoved until release(lease). Any
+// thread may release it; until then it counts as held by the thread that
+// acquired it (Note [No progress] in engine.cpp).
 struct Lease {
   TensorId id = 0;
   Tier tier = Tier::device;
   Access access = Access::read;
   void* ptr = nullptr;
   std::uint64_t bytes = 0;
+  std::thread::id holder{};  // the acquiring thread
   explicit operator bool() const { return ptr != nullptr; }
 };
 
@@ -97,7 +107,12 @@ struct EngineStats {
   std::uint64_t stall_ns = 0;     // time acquire() waited
   std::uint64_t io_errors = 0, no_space = 0, short_io = 0, corrupt_reads = 0, device_errors = 0;
   std::uint64_t lost_tensors = 0;  // no readable copy left; each was reported to its caller
-  std::uint64_t oom = 0;           // acquires refused: nothing left to evict
+  std::uint64_t lost_bytes = 0;    // their sizes
+  // SSD copies read back before an upper copy was dropped (Note [Verified
+  // before dropped]), those that failed (the upper copy was kept), and SSD
+  // copies the store found corrupt on its own (scrub, a failed read).
+  std::uint64_t ssd_verifies = 0, ssd_verify_failures = 0, ssd_copies_failed = 0;
+  std::uint64_t oom = 0;  // acquires refused: nothing left to evict
 };
 
 class Engine {
@@ -121,14 +136,34 @@ class Engine {
   // Blocks until the tensor is in `tier` (device or host) and may be used as
   // asked: any number of readers, or one writer and nobody else. A write
   // makes the other copies stale (they are dropped). Errors: not_found,
-  // out_of_memory (nothing left to evict), and the I/O status of a fetch that
-  // failed (io_error, corrupt, device_failed): the tensor is then reported
-  // lost if no other copy remains.
+  // out_of_memory when no progress is possible (Note [No progress]: the room
+  // cannot be made, counting the caller's own leases as held), busy when a
+  // lease of the waiting caller itself is in the way, and the I/O status of a
+  // fetch that failed (io_error, corrupt, device_failed): the tensor is then
+  // reported lost if no other copy remains. last_failure() says why.
   Status acquire(TensorId id, Tier tier, Access access, Lease* out);
   // The non-blocking form: ok and a lease if it can be granted now; busy
   // after scheduling what it needs (a demand fetch) otherwise.
   Status try_acquire(TensorId id, Tier tier, Access access, Lease* out);
   Status release(const Lease& lease);
+
+  // For callers that poll with try_acquire: epoch() moves on every state
+  // change a waiter may care about (a transfer done, a release, room made).
+  // wait_for_change(seen) blocks until epoch() != seen, counting the calling
+  // thread as waiting with its leases held; out_of_memory when nothing can
+  // change any more (Note [No progress]), with last_failure() saying why.
+  std::uint64_t epoch() const;
+  Status wait_for_change(std::uint64_t seen);
+  // Why this thread's last acquire or wait_for_change failed: the tensor,
+  // each tier's use against its capacity, the leases in the way. Empty if
+  // none failed yet.
+  static const std::string& last_failure();
+
+  // The SSD store found the tensor's SSD copy corrupt (a scrub, a read) and
+  // dropped it: the engine forgets that copy, and reports the tensor lost if
+  // it was the only one. Idempotent; a no-op if the store still holds the key
+  // (a newer copy). Called by the stack from the store's on_corrupt callback.
+  void ssd_copy_failed(TensorId id);
 
   // Hints from the policy/predictor: bring a copy to `tier` at prefetch
   // priority, or move the tensor's data out of `from` (write-back priority).
@@ -168,16 +203,23 @@ class Engine {
     Tier to;     // the tier the data goes to
     bool evict;  // drop the source copy once the destination is confirmed
     unsigned attempt;
-    std::uint64_t bytes;  // the tensor's size when queued
+    std::uint64_t bytes;  // the tensor's size when queued (0 for a verify: it lands nowhere)
+    // On s2h: read the SSD copy back to check it, then drop the copy in `to`
+    // (Note [Verified before dropped]).
+    bool verify = false;
   };
   struct LinkQueue {
     std::deque<Job> q[kNumPriorities];
+    // Verify jobs (Note [Verified before dropped]) need no room and make it:
+    // they start ahead of the priority queues, whose head may be waiting
+    // for the very room they free.
+    std::deque<Job> verify;
     unsigned in_flight = 0;
     std::uint64_t bytes = 0;  // of the queued jobs (stale ones too: an upper bound)
     std::size_t jobs = 0;     // queued, all priorities
     bool empty() const { return jobs == 0; }
     void push_back(const Job& j) {
-      q[static_cast<int>(j.prio)].push_back(j);
+      (j.verify ? verify : q[static_cast<int>(j.prio)]).push_back(j);
       bytes += j.bytes;
       ++jobs;
     }
@@ -186,9 +228,10 @@ class Engine {
       bytes += j.bytes;
       ++jobs;
     }
-    Job pop(int prio) {
-      Job j = q[prio].front();
-      q[prio].pop_front();
+    Job pop(int prio) {  // prio -1: a verify job
+      std::deque<Job>& from = prio < 0 ? verify : q[prio];
+      Job j = from.front();
+      from.pop_front();
       bytes -= j.bytes;
       --jobs;
       return j;
@@ -253,14 +296,37 @@ class Engine {
   struct Actions {  // work done outside the lock
     std::vector<Transfer> transfers;
   };
+  // Whoever holds leases: a thread. Note [No progress].
+  struct Holder {
+    std::thread::id tid;
+    std::uint64_t leases = 0;
+    std::uint64_t bytes = 0;  // of its leases (a tensor leased twice counts twice)
+    bool waiting = false;
+  };
+  class Waiting;  // marks the calling thread as waiting while in scope
 
   Status acquire_entry(TensorId id, Tier tier, Access access, Lease* out, bool block);
+  Holder& holder(std::thread::id tid);
+  void drop_holder_if_idle(std::thread::id tid);
+  // True if something other than the waiting callers can still change the
+  // state; *wake_at is lowered to when a write-back back-off ends.
+  bool can_change(std::uint64_t now, std::uint64_t* wake_at) const;
+  // Re-scans (clearing the futile-scan memo) and starts what it can; true if
+  // that started a transfer or evicted something.
+  bool rescan(Actions& act);
+  // Sleeps until epoch_ != seen, or until wake_at on the engine's clock.
+  void sleep_for_change(std::unique_lock<std::mutex>& lk, std::uint64_t seen,
+                        std::uint64_t wake_at);
+  std::string describe_stuck(const Entry* e, Tier tier) const;
   Status acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
                         Lease* out, bool block, Actions& act);
   bool grantable(const Entry& e, Tier tier, Access access) const;
   void grant(Entry& e, Tier tier, Access access, Lease* out, Actions& act);
   void want(Entry& e, Tier tier, Priority prio);
   void enqueue(Entry& e, Link link, Tier to, bool evict, Priority prio);
+  // Drops a clean copy in t, or queues the SSD copy's verification first;
+  // false if the copy is dirty (the caller writes it back instead).
+  bool drop_clean(Entry& e, Tier t, Actions& act);
   void rewant(Entry& e);
   void set_evict_want(Entry& e, Tier t, bool on);
   void notify();
@@ -275,6 +341,9 @@ class Engine {
   bool over_high(Tier t) const { return pressure(t) > high_[static_cast<int>(t)]; }
   void evict_for_pressure(Tier t, Actions& act);
   bool start_job(Link link, const Job& j, Actions& act);
+  bool start_verify(Entry& e, const Job& j, Actions& act);
+  void count_failure(Status s);
+  void mark_lost_if_gone(Entry& e);
   bool allocate_copy(Entry& e, Tier t);
   void free_copy(Entry& e, Tier t, Actions& act);
   void drop_stale(Entry& e, Tier keep, Actions& act);
@@ -336,6 +405,10 @@ class Engine {
       0;  // bumped when a copy may have become evictable (release, transfer done)
   std::uint64_t futile_[2] = {~0ull, ~0ull};  // changes_ at a pressure scan that evicted nothing
   std::uint64_t futile_retry_[2] = {0, 0};    // ... and when the first back-off it skipped ends
+  // Lease holders (a handful of threads), and the leases held in all and by
+  // waiting holders: progress needs a lease held by someone who is not waiting.
+  std::vector<Holder> holders_;
+  std::uint64_t leases_ = 0, waiting_leases_ = 0;
   mem::Monitor monitor_;
   VictimScore victim_score_;
   EngineStats st_;

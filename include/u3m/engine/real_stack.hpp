@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "u3m/engine/clock.hpp"
@@ -34,8 +35,12 @@ struct RealStackOptions {
   // (tests on shared cores, sanitizers); true: device-emu's defaults.
   bool copy_spin = true;
   std::shared_ptr<mem::IoEngine> ssd_io;  // the SSD store's I/O engine; null = its default
-  bool expandable_segments = true;        // when the arena supports them
-  EngineConfig engine{};                  // device and host capacities come from the fields above
+  // The SSD store's background scrubber: bytes/s it re-reads and checks, at
+  // most (0 = none). A copy it finds corrupt is dropped from the engine, which
+  // reports the tensor lost if that was its only copy.
+  double ssd_scrub_bytes_per_s = 32.0 * 1024 * 1024;
+  bool expandable_segments = true;  // when the arena supports them
+  EngineConfig engine{};            // device and host capacities come from the fields above
 };
 
 // Note [Real stack]
@@ -56,6 +61,10 @@ class RealStack {
   const Engine& engine() const { return *engine_; }
   const mem::DevicePool& pool() const { return pool_; }
   bool has_ssd() const { return ssd_ != nullptr; }
+  const mem::SsdStore* ssd() const { return ssd_.get(); }
+  // What the SSD store said when it opened (a file left by a crashed process
+  // that it discarded), or "".
+  std::string ssd_notice() const;
   std::uint64_t arena_bytes() const;
   // The scratch directory this stack created for its SSD file (removed with
   // the stack), or "" when it made none.
@@ -80,6 +89,10 @@ class RealStack {
   std::unique_ptr<BackendTransport> transport_;
   SteadyClock clock_;
   std::unique_ptr<Engine> engine_;
+  // The store's on_corrupt callback reaches the engine through this, so the
+  // destructor can cut it off before the engine goes.
+  std::mutex corrupt_mu_;
+  Engine* corrupt_sink_ = nullptr;
 };
 
 }  // namespace u3m::engine

@@ -46,6 +46,9 @@ struct ReplayReport {
   std::uint64_t bytes_written = 0, bytes_verified = 0, mismatches = 0;
   std::uint64_t errors = 0;  // acquires that failed
   std::string first_error;
+  // The replay stopped at an op that can never get its tensors (the budgets
+  // are too small for it): first_error says which and why.
+  bool out_of_memory = false;
   double wall_s = 0;
   // Wall time, from the start of the replay, at which each iteration of job 0
   // finished its last op (index = trace::Op::iteration), like

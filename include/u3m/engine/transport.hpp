@@ -24,6 +24,8 @@ enum class Link : std::uint8_t { d2h, h2d, h2s, s2h };
 inline constexpr int kNumLinks = 4;
 std::string_view to_string(Link l);
 
+// An s2h transfer with a null dst only reads the SSD copy back and checks it
+// (Note [Verified before dropped] in engine.cpp).
 struct Transfer {
   std::uint64_t ticket = 0;  // the engine's id for this transfer
   std::uint64_t tensor = 0;  // tensor id (also the SSD key)
@@ -47,6 +49,9 @@ class Transport {
   // under the engine's lock: it must not call back into the engine.
   virtual Status erase_ssd(std::uint64_t key) = 0;
   virtual bool has_ssd() const = 0;
+  // Whether the SSD tier holds a copy of key now (Engine::ssd_copy_failed).
+  // Under the engine's lock, like erase_ssd.
+  virtual bool ssd_holds(std::uint64_t key) const = 0;
 };
 
 // Note [Link throttle]
@@ -68,6 +73,7 @@ class BackendTransport final : public Transport {
   void start(const Transfer& t) override;
   Status erase_ssd(std::uint64_t key) override;
   bool has_ssd() const override { return ssd_ != nullptr; }
+  bool ssd_holds(std::uint64_t key) const override { return ssd_ && ssd_->contains(key); }
 
  private:
   struct Worker;

@@ -87,6 +87,7 @@ class SimTransport final : public engine::Transport {
   void start(const engine::Transfer& t) override;
   engine::Status erase_ssd(std::uint64_t key) override;
   bool has_ssd() const override { return config_.ssd_capacity > 0; }
+  bool ssd_holds(std::uint64_t key) const override { return ssd_.contains(key); }
 
   const SimLinkStats& link(engine::Link l) const { return stats_[static_cast<int>(l)]; }
   std::uint64_t ssd_used() const { return ssd_used_; }
