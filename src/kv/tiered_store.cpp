@@ -52,9 +52,12 @@ namespace u3m::kv {
 namespace {
 
 void check(mem::Status s, std::string_view what, engine::TensorId id) {
-  if (!mem::ok(s))
-    throw std::runtime_error(
-        fmt::format("kv store: {} of block {} failed: {}", what, id, mem::to_string(s)));
+  if (mem::ok(s)) return;
+  // No progress (Note [No progress] in engine.cpp): say why, not just the code.
+  const bool stuck = s == mem::Status::out_of_memory || s == mem::Status::busy;
+  throw std::runtime_error(fmt::format("kv store: {} of block {} failed: {}{}{}", what, id,
+                                       mem::to_string(s), stuck ? ": " : "",
+                                       stuck ? engine::Engine::last_failure() : std::string()));
 }
 
 Tier other_memory(Tier t) {

@@ -83,6 +83,10 @@ class EngineError : public std::runtime_error {
 };
 
 [[noreturn]] void fail(std::string_view call, TensorId id, mem::Status s) {
+  // No progress (Note [No progress] in engine.cpp): the engine says why.
+  if (s == mem::Status::out_of_memory || s == mem::Status::busy)
+    throw EngineError(fmt::format("{}(tensor {}): {}: {}", call, id, mem::to_string(s),
+                                  engine::Engine::last_failure()));
   throw EngineError(fmt::format("{}(tensor {}): {}", call, id, mem::to_string(s)));
 }
 
@@ -151,7 +155,13 @@ py::dict stats_dict(const engine::EngineStats& s) {
   d["stall_s"] = static_cast<double>(s.stall_ns) * 1e-9;
   d["io_errors"] = s.io_errors;
   d["corrupt_reads"] = s.corrupt_reads;
+  d["no_space"] = s.no_space;
+  d["short_io"] = s.short_io;
   d["lost_tensors"] = s.lost_tensors;
+  d["lost_bytes"] = s.lost_bytes;
+  d["ssd_verifies"] = s.ssd_verifies;
+  d["ssd_verify_failures"] = s.ssd_verify_failures;
+  d["ssd_copies_failed"] = s.ssd_copies_failed;
   d["oom"] = s.oom;
   return d;
 }

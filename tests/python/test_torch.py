@@ -224,6 +224,23 @@ class BindingsTest(unittest.TestCase):
             with self.assertRaisesRegex(u3m.InputError, "bad.jsonl:2"):
                 u3m.load_trace(bad)
 
+    def test_an_acquire_that_can_never_succeed_raises_at_once(self):
+        # Issue 14's hang, from Python: the caller holds tensor 1 on the device, tensor 2
+        # needs its room, and the host tier is too small to take 1 even if it were let go.
+        import time
+        rt = u3m.Runtime(device_budget=96 << 10, host_budget=16 << 10)
+        rt.add(1, 64 << 10)
+        rt.add(2, 64 << 10)
+        held = rt.acquire(1, "device", "write")
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(u3m.EngineError,
+                                    r"acquire\(tensor 2\): out of memory: .*no progress is possible"):
+            rt.acquire(2, "device", "write")
+        self.assertLess(time.monotonic() - t0, 1.0)
+        rt.release(held)  # the refusal changed nothing: the held tensor is still whole
+        self.assertEqual(rt.residency(1)["valid"], ["device"])
+        self.assertEqual(rt.stats()["oom"], 1)
+
     def test_simulator_entry_point_returns_labelled_figures(self):
         r = u3m.simulate_training(model="tiny", hw="ascend-910b-32g", cards=1, seq_len=128, steps=2)
         self.assertIn("simulated", r["label"])
