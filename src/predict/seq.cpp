@@ -1,4 +1,4 @@
-// u3m-seq: the default predictor.
+// u3m (formerly "u3m-seq"): the default predictor.
 //
 // Note [u3m-seq]
 // Mixed training+serving streams are interleavings of a few jobs, and each
@@ -293,16 +293,19 @@ void SeqPredictor::step_done() {
     // that this step did not touch has been replaced (e.g. serving
     // activations whose batch changed): the record's other transients are
     // stale too.
+    // Most of them, not one: a trace whose naming is not quite stable (a
+    // hidden result of an ET op renamed by a recycled storage id) must not
+    // make the rest of the iteration look replaced.
     const Record& r = jb.records[step_rec_];
     const Slot& sl = r.slots[step_pos_];
+    std::uint32_t transients = 0, untouched = 0;
     for (std::uint32_t k = sl.begin; k < sl.end; ++k) {
       const std::uint32_t e = r.entries[k];
-      if (e & kGroupBit) continue;
-      if (ts_[e].alloc_iter == r.iter_count && ts_[e].step_stamp != step_) {
-        jb.shape_changed = true;
-        break;
-      }
+      if (e & kGroupBit || ts_[e].alloc_iter != r.iter_count) continue;
+      ++transients;
+      untouched += ts_[e].step_stamp != step_;
     }
+    if (untouched > 0 && 2 * untouched >= transients) jb.shape_changed = true;
   }
   Record& rec = jb.cur;
   for (std::uint32_t t : step_tensors_) rec.entries.push_back(t);

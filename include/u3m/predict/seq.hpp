@@ -1,4 +1,4 @@
-// u3m-seq, the default predictor: per-job sequence replay keyed by op slot,
+// u3m (formerly "u3m-seq"), the default predictor: per-job sequence replay keyed by op slot,
 // with live-group expansion and a learned job-interleaving model. See
 // docs/prediction.md and Note [u3m-seq] in src/predict/seq.cpp.
 #pragma once
@@ -36,7 +36,7 @@ struct SeqParams {
 class SeqPredictor final : public Predictor {
  public:
   explicit SeqPredictor(SeqParams p = {});
-  std::string_view name() const override { return "u3m-seq"; }
+  std::string_view name() const override { return "u3m"; }
   // Time only feeds ns_per_op(); the answers follow the event sequence.
   bool answers_depend_on_time() const override { return false; }
   void observe(const Access& a) override;

@@ -1,7 +1,7 @@
-// The design's predictor ("u3m"): one EMA predictor per operator class, with
+// The design's predictor ("design-ema"; "u3m" before issue 17): one EMA predictor per operator class, with
 // online calibration, a global mode-switch detector and a thrash guard
 // (MISSION.md section 3). Kept as specified, as the floor the default
-// predictor (u3m-seq, seq.hpp) must beat. See docs/prediction.md.
+// predictor ("u3m", seq.hpp) must beat. See docs/prediction.md.
 //
 // Note [Reading of the design's EMA predictor]
 // The design gives each operator class "last access time, mean interval,
@@ -45,7 +45,7 @@ struct U3mEmaParams {
 class U3mEmaPredictor final : public Predictor {
  public:
   explicit U3mEmaPredictor(U3mEmaParams p = {});
-  std::string_view name() const override { return "u3m"; }
+  std::string_view name() const override { return "design-ema"; }
   void observe(const Access& a) override;
   void step_done() override;
   void predict(std::uint32_t horizon_ops, std::vector<Predicted>& out) override;
