@@ -645,11 +645,13 @@ void Importer::find_contexts() {
     if (is_backward_range(x.name)) f |= kBwdF;
     if (x.name.starts_with("Optimizer.step#")) f |= kOptF | kStepF;
     if (x.name.starts_with("Optimizer.zero_grad#")) f |= kOptF | kZeroF;
-    if (!is_operator(x)) continue;
+    // seq_id >= 0 on an operator, or on a custom autograd Function's range
+    // (activation checkpointing runs its forward under no_grad inside one).
     if (x.has_seq && x.seq_id >= 0) {
       grad_known = true;
       if (!in_opt[i]) f |= kGradF;
     }
+    if (!is_operator(x)) continue;
     const OpClass c = classify_op(x.name, Phase::forward);
     if (c == OpClass::matmul || c == OpClass::attn_prefill || c == OpClass::embedding) f |= kModelF;
   }
@@ -724,10 +726,12 @@ void Importer::find_contexts() {
         "; inference segments (no autograd graph, no backward): one iteration per model call";
   std::vector<std::uint32_t> iters;
   Kind cur = kNeutral;
+  std::vector<bool> substantive;  // the context holds model, backward or optimizer work
   auto start_ctx = [&](std::size_t pos, Kind k, Phase ph) {
     const std::uint32_t j = job_for(k);
     if (iters.size() <= j) iters.resize(j + 1, 0);
     ctx_.push_back({nodes_[pos].id, j, iters[j]++, ph});
+    substantive.push_back(ph == Phase::decode);
   };
   // Positions of the outermost operators, for the inference model-call split.
   std::vector<bool> under_op(n, false);
@@ -764,6 +768,7 @@ void Importer::find_contexts() {
       start = have_steps && step_start[i];
     }
     if (start) start_ctx(i, kind[k], kind[k] == kInfer ? Phase::prefill : Phase::forward);
+    if (!ctx_.empty() && (flags[i] & (kBwdF | kOptF | kGradF | kModelF))) substantive.back() = true;
     cur = kind[k];
     if (kind[k] != kInfer) continue;
     // Model calls inside this item: every aten::embedding that follows a
@@ -785,6 +790,23 @@ void Importer::find_contexts() {
     last_outer_embedding_ = prev_embedding;
     segment_saw_embedding_ = seen_embedding;
   }
+  // A context with nothing but bookkeeping (the handle a profiler range
+  // allocates just before the range) is not an iteration: it joins the next.
+  std::vector<Ctx> kept;
+  std::fill(iters.begin(), iters.end(), 0);
+  std::int64_t carry = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t c = 0; c < ctx_.size(); ++c) {
+    if (!substantive[c] && c + 1 < ctx_.size() && ctx_[c + 1].job == ctx_[c].job) {
+      carry = std::min(carry, ctx_[c].first_id);
+      continue;
+    }
+    Ctx x = ctx_[c];
+    x.first_id = std::min(x.first_id, carry);
+    carry = std::numeric_limits<std::int64_t>::max();
+    x.iteration = iters[x.job]++;
+    kept.push_back(x);
+  }
+  ctx_ = std::move(kept);
   if (ctx_.empty()) {
     job_for(kTrain);
     ctx_.push_back({std::numeric_limits<std::int64_t>::min(), 0, 0, Phase::forward});
@@ -1227,8 +1249,11 @@ void Importer::import_op(std::size_t i) {
     // recycled between unrelated scalars, so it is a constant of this op,
     // unless it is state an op writes in place (an optimizer's step count)
     // or was made in this iteration (a loss on the CPU).
-    const bool bound_scalar = b != binding_.end() && (tensors_[b->second].scalar_state ||
-                                                      tensors_[b->second].made_ctx == cur_ctx_);
+    // (The bound tensor must be a scalar too: a wrapped number can land on
+    // the storage id of a scratch buffer freed a moment ago.)
+    const bool bound_scalar = b != binding_.end() && tensors_[b->second].bytes == a.extent() &&
+                              (tensors_[b->second].scalar_state ||
+                               tensors_[b->second].made_ctx == cur_ctx_);
     if (a.cpu && !mutated_here && !bound_scalar) {
       t = tensor_named(prefix + slot_name("in", a), a);
       tensors_[t].constant = true;

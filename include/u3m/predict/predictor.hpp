@@ -101,6 +101,9 @@ class Predictor {
   // Whether predict()'s answers may depend on the events' times, not only on
   // the sequence of events (WindowLog shares them across runs when not).
   virtual bool answers_depend_on_time() const { return true; }
+  // Mode switches its own detector applied so far (the design's detector,
+  // docs/prediction.md); -1 for a predictor without one.
+  virtual std::int64_t mode_switches() const { return -1; }
 
  protected:
   // Call from observe(): keeps ns_per_op_ as an EMA of step-start spacing.

@@ -52,6 +52,7 @@ class U3mEmaPredictor final : public Predictor {
 
   // Detector and guard state, for tests and reports.
   std::uint32_t switches() const { return switches_; }        // applied (state reset)
+  std::int64_t mode_switches() const override { return switches_; }
   std::uint32_t guard_locks() const { return guard_locks_; }  // times the guard locked
   std::uint32_t suppressed() const { return suppressed_; }    // detections ignored while locked
   bool locked(std::uint64_t now_ns) const { return now_ns < locked_until_; }
