@@ -289,8 +289,9 @@ struct TensorInfo {
   // Optimizer state (Note [Optimizer state in ETs]).
   std::uint8_t state_kind = 0;
   std::uint32_t state_param = UINT32_MAX;
-  std::uint32_t first_opt_op = UINT32_MAX;
-  std::int32_t first_opt_elem = -1;
+  std::uint32_t first_opt_op = UINT32_MAX;       // first optimizer op that reads it
+  std::uint32_t list_op = UINT32_MAX;            // first optimizer op that has it in a list
+  std::int32_t list_elem = -1;                   // at this position
 };
 
 struct Access {
@@ -1307,7 +1308,8 @@ void Importer::import_op(std::size_t i) {
   if (ctx == Phase::optimizer) {
     for (std::size_t k = 0; k < ins_.size(); ++k) {
       TensorInfo& ti = tensors_[in_tensor_[k]];
-      if (ti.first_opt_op == UINT32_MAX) ti.first_opt_op = op_index, ti.first_opt_elem = ins_[k].elem;
+      if (ti.first_opt_op == UINT32_MAX) ti.first_opt_op = op_index;
+      if (ins_[k].elem >= 0 && ti.list_op == UINT32_MAX) ti.list_op = op_index, ti.list_elem = ins_[k].elem;
       if ((ins_[k].slot < 64 && (mutated >> ins_[k].slot) & 1))
         opt_writes_.push_back({op_index, in_tensor_[k], ins_[k].elem});
     }
@@ -1495,12 +1497,15 @@ void Importer::name_optimizer_state() {
     }
     std::uint32_t param = ti.state_param;
     if (param != UINT32_MAX && roles[param] != Role::param) param = UINT32_MAX;
-    if (param == UINT32_MAX && ti.first_opt_op != UINT32_MAX) {
-      auto w = std::lower_bound(opt_writes_.begin(), opt_writes_.end(), ti.first_opt_op,
+    // In lists (foreach), the parameter at the same position of the next
+    // list the optimizer writes parameters in; else the next parameter written.
+    const bool in_list = ti.list_op != UINT32_MAX;
+    const std::uint32_t from = in_list ? ti.list_op : ti.first_opt_op;
+    if (param == UINT32_MAX && from != UINT32_MAX) {
+      auto w = std::lower_bound(opt_writes_.begin(), opt_writes_.end(), from,
                                 [](const OptWrite& x, std::uint32_t op) { return x.op < op; });
-      for (; w != opt_writes_.end() && op_ctx_[w->op] == op_ctx_[ti.first_opt_op]; ++w)
-        if (roles[w->tensor] == Role::param &&
-            (w->elem == ti.first_opt_elem || w->elem < 0 || ti.first_opt_elem < 0)) {
+      for (; w != opt_writes_.end() && op_ctx_[w->op] == op_ctx_[from]; ++w)
+        if (roles[w->tensor] == Role::param && (in_list ? w->elem == ti.list_elem : w->elem < 0)) {
           param = w->tensor;
           break;
         }
