@@ -57,7 +57,7 @@
 
 namespace u3m::predict {
 
-SeqPredictor::SeqPredictor(SeqParams p) : p_(p) {}
+SeqPredictor::SeqPredictor(SeqParams p) : p_(p), mode_(p.mode) {}
 
 SeqPredictor::Job& SeqPredictor::job(std::uint32_t j) {
   if (j >= jobs_.size()) jobs_.resize(j + 1);
@@ -160,6 +160,7 @@ void SeqPredictor::begin_step(const Access& a) {
     if (run_job_ != UINT32_MAX) {
       Job& prev = jobs_[run_job_];
       prev.last_run = run_len_;
+      prev.prev_run_iters = prev.last_run_iters;
       prev.last_run_iters = run_iters_;
       prev.prev_aligned = prev.last_aligned;
       prev.last_aligned = run_aligned_;
@@ -167,6 +168,11 @@ void SeqPredictor::begin_step(const Access& a) {
     }
     run_job_ = a.job;
     run_len_ = 0;
+    run_iters_ = 0;
+    run_aligned_ = false;
+  }
+  if (p_.mode_detector && mode_.step(a.cls, a.time_ns)) {
+    run_len_ = 0;  // a new mode: its length so far says nothing
     run_iters_ = 0;
     run_aligned_ = false;
   }
@@ -377,6 +383,8 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
       return {horizon, -1};  // alone so far, or the interleaving changed: it goes on
     if (jb.last_aligned && jb.prev_aligned && (!current || run_aligned_) && cursors_[j].rec >= 0) {
       std::int64_t left = std::int64_t(jb.last_run_iters) - (current ? run_iters_ : 0);
+      if (p_.steady_runs_only && current && jb.last_run_iters != jb.prev_run_iters)
+        return {horizon, -1};  // run lengths vary: it goes on
       return {horizon, left < 0 ? -1 : left};
     }
     return {jb.last_run > done ? jb.last_run - done : 0, -1};
