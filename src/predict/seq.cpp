@@ -494,31 +494,34 @@ void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predi
     for (std::uint64_t s = win_base_; s < end; ++s, i = next(i)) release(win_[i]);
   }
   win_base_ = now;
-  plan_.resize(horizon);
-  for (Plan& x : plan_) x = Plan{};
-  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
-    plan_[ahead] = {{r.version, pos, jb.shape_changed && &r != &jb.cur}, &jb, &r};
-  });
-  const std::size_t first = horizon > 0 ? now % horizon : 0;           // ring slot of step `now`
-  for (std::size_t a = 0, i = first; a < horizon; ++a, i = next(i)) {  // release what changed
-    WinSlot& w = win_[i];
-    if (!(w.key == plan_[a].key)) release(w);
-  }
-  for (std::size_t a = 0, i = first; a < horizon; ++a, i = next(i)) {
-    WinSlot& w = win_[i];
-    const Plan& pl = plan_[a];
-    if (w.key == pl.key && w.filled) continue;
-    w.key = pl.key;
+  // One pass: each step ahead the plan lands on is compared with the kept
+  // slot as the walk visits it (a tensor moving from one slot to another is
+  // neither entered nor left: win_left_ marks what fell to 0 in this call).
+  const std::size_t first = horizon > 0 ? now % horizon : 0;  // ring slot of step `now`
+  std::size_t ring = first;
+  std::uint32_t expect = 0;  // the next step ahead to settle
+  auto settle = [&](std::uint32_t a, const WinKey& key, const Job* jb, const Record* r) {
+    WinSlot& w = win_[ring];
+    ring = next(ring);
+    expect = a + 1;
+    if (w.key == key && w.filled) return;
+    release(w);
+    w.key = key;
     w.filled = true;
-    if (!pl.rec) continue;
+    if (!r) return;
     new_stamp();
     scratch_.clear();
-    emit_slot(*pl.job, *pl.rec, pl.rec->slots[pl.key.pos], static_cast<std::uint32_t>(a), scratch_);
+    emit_slot(*jb, *r, r->slots[key.pos], a, scratch_);
     for (const Predicted& p : scratch_) {
       w.tensors.push_back(p.tensor);
       if (win_cnt_[p.tensor]++ == 0 && win_left_[p.tensor] != win_call_) entered.push_back(p);
     }
-  }
+  };
+  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
+    while (expect < ahead) settle(expect, WinKey{}, nullptr, nullptr);  // nothing lands there
+    settle(ahead, {r.version, pos, jb.shape_changed && &r != &jb.cur}, &jb, &r);
+  });
+  while (expect < horizon) settle(expect, WinKey{}, nullptr, nullptr);
   for (std::uint32_t t : win_zero_)  // fell to 0 and stayed there
     if (win_cnt_[t] == 0 && win_left_[t] == win_call_) {
       left.push_back(t);

@@ -202,16 +202,10 @@ class SeqPredictor final : public Predictor {
     bool filled = false;
     std::vector<std::uint32_t> tensors;
   };
-  struct Plan {  // the recorded slot that lands on a step ahead; rec null: none
-    WinKey key;
-    const Job* job = nullptr;
-    const Record* rec = nullptr;
-  };
   std::vector<WinSlot> win_;  // ring indexed by absolute step % H
   std::uint64_t win_base_ = 0, win_call_ = 0;
   std::vector<std::uint32_t> win_cnt_;
   std::vector<std::uint64_t> win_left_;
-  std::vector<Plan> plan_;
   std::vector<Predicted> scratch_;
   std::vector<std::uint32_t> win_zero_;  // counts that fell to 0 in this call
 };
