@@ -54,6 +54,26 @@ def _sample(logits: torch.Tensor, gen: Optional[torch.Generator]) -> torch.Tenso
     return torch.multinomial(probs, 1, generator=gen)
 
 
+class _StatefulLM:
+    """A language model whose forward(tokens, state) returns (logits, state): trained on
+    next-token cross entropy, generating the prompt first, then one token a step with the
+    carried state (a KV cache, an LSTM's (h, c))."""
+
+    lm = True
+
+    def loss(self, tokens):
+        logits, _ = self(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, self.vocab), tokens[:, 1:].reshape(-1))
+
+    @torch.no_grad()
+    def generate(self, prompts, new_tokens, step: StepFn = _no_step, gen=None):
+        seq, state = prompts, None
+        for i in range(new_tokens):
+            with step("prefill" if i == 0 else "decode"):
+                logits, state = self(seq if state is None else seq[:, -1:], state)
+                seq = torch.cat([seq, _sample(logits[:, -1], gen)], dim=1)
+        return seq
+
 class _Ckpt(nn.Module):
     """Runs `inner` under activation checkpointing when `enabled` (training only)."""
 
@@ -149,9 +169,7 @@ class _GPT2Body(nn.Module):
         self.ln_f = nn.LayerNorm(d)
 
 
-class GPT2(nn.Module):
-    lm = True
-
+class GPT2(_StatefulLM, nn.Module):
     def __init__(self, vocab=256, d=64, layers=2, heads=4, ctx=128):
         super().__init__()
         self.transformer = _GPT2Body(vocab, d, layers, heads, ctx)
@@ -168,19 +186,6 @@ class GPT2(nn.Module):
             x, p = block(x, past[i] if past else None)
             presents.append(p)
         return self.lm_head(self.transformer.ln_f(x)), presents
-
-    def loss(self, tokens):
-        logits, _ = self(tokens[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, self.vocab), tokens[:, 1:].reshape(-1))
-
-    @torch.no_grad()
-    def generate(self, prompts, new_tokens, step: StepFn = _no_step, gen=None):
-        seq, past = prompts, None
-        for i in range(new_tokens):
-            with step("prefill" if i == 0 else "decode"):
-                logits, past = self(seq if past is None else seq[:, -1:], past)
-                seq = torch.cat([seq, _sample(logits[:, -1], gen)], dim=1)
-        return seq
 
 
 # ----------------------------------------------------------------------------- LLaMA
@@ -290,9 +295,7 @@ class BertMLM(nn.Module):
 
 # ----------------------------------------------------------------------------- LSTM LM
 
-class LstmLM(nn.Module):
-    lm = True
-
+class LstmLM(_StatefulLM, nn.Module):
     def __init__(self, vocab=256, d=64, layers=2):
         super().__init__()
         self.vocab = vocab
@@ -304,19 +307,6 @@ class LstmLM(nn.Module):
     def forward(self, tokens, state=None):
         out, state = self.rnn(self.emb(tokens), state)
         return self.decoder(out), state
-
-    def loss(self, tokens):
-        logits, _ = self(tokens[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, self.vocab), tokens[:, 1:].reshape(-1))
-
-    @torch.no_grad()
-    def generate(self, prompts, new_tokens, step: StepFn = _no_step, gen=None):
-        seq, state = prompts, None
-        for i in range(new_tokens):
-            with step("prefill" if i == 0 else "decode"):
-                logits, state = self(seq if state is None else seq[:, -1:], state)
-                seq = torch.cat([seq, _sample(logits[:, -1], gen)], dim=1)
-        return seq
 
 
 # ----------------------------------------------------------------------------- ResNet-style CNN

@@ -1030,13 +1030,17 @@ double Importer::flops(const Node& n) {
   return 0;
 }
 
-// The argument names of an operator schema, by slot ("self", "tensor1", ...).
-void schema_arg_names(std::string_view s, std::vector<std::string_view>& out) {
-  out.clear();
+// Calls arg(text, slot) for each argument of an operator schema
+// ("aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> ..."),
+// "*" (the keyword-only marker) skipped; returns the position of the closing
+// parenthesis, or npos.
+template <typename F>
+std::size_t for_each_schema_arg(std::string_view s, F&& arg) {
   auto open = s.find('(');
-  if (open == std::string_view::npos) return;
+  if (open == std::string_view::npos) return std::string_view::npos;
   int depth = 0;
   std::size_t start = open + 1;
+  std::uint32_t slot = 0;
   for (std::size_t i = open + 1; i < s.size(); ++i) {
     char c = s[i];
     if (c == '(' || c == '[') ++depth;
@@ -1045,14 +1049,23 @@ void schema_arg_names(std::string_view s, std::vector<std::string_view>& out) {
       continue;
     }
     if ((c == ',' || c == ')') && depth == 0) {
-      std::string_view arg = s.substr(start, i - start);
-      while (!arg.empty() && arg.front() == ' ') arg.remove_prefix(1);
-      if (auto eq = arg.find('='); eq != std::string_view::npos) arg = arg.substr(0, eq);
-      if (arg != "*" && !arg.empty()) out.push_back(arg.substr(arg.rfind(' ') + 1));
+      std::string_view text = s.substr(start, i - start);
+      while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+      if (text != "*" && !text.empty()) arg(text, slot++);
       start = i + 1;
-      if (c == ')') return;
+      if (c == ')') return i;
     }
   }
+  return std::string_view::npos;
+}
+
+// The argument names of an operator schema, by slot ("self", "tensor1", ...).
+void schema_arg_names(std::string_view s, std::vector<std::string_view>& out) {
+  out.clear();
+  for_each_schema_arg(s, [&](std::string_view text, std::uint32_t) {
+    if (auto eq = text.find('='); eq != std::string_view::npos) text = text.substr(0, eq);
+    out.push_back(text.substr(text.rfind(' ') + 1));
+  });
 }
 
 // Slots an operator writes in place, from "Tensor(a!)" in its schema.
@@ -1065,33 +1078,10 @@ std::uint64_t mutated_slots(const Node& n, bool* writes_returns) {
     if (n.name.ends_with("_")) mask = 1, *writes_returns = true;
     return mask;
   }
-  auto open = s.find('(');
-  if (open == std::string_view::npos) return 0;
-  int depth = 0;
-  std::size_t arg_start = open + 1, close = s.size();
-  std::uint32_t slot = 0;
-  for (std::size_t i = open + 1; i < s.size(); ++i) {
-    char c = s[i];
-    if (c == '(' || c == '[') ++depth;
-    if ((c == ')' || c == ']') && depth > 0) {
-      --depth;
-      continue;
-    }
-    if ((c == ',' || c == ')') && depth == 0) {
-      std::string_view arg = s.substr(arg_start, i - arg_start);
-      while (!arg.empty() && arg.front() == ' ') arg.remove_prefix(1);
-      if (arg != "*" && !arg.empty()) {  // "*" separates keyword-only args; not a value
-        if (arg.find("!)") != std::string_view::npos && slot < 64) mask |= std::uint64_t{1} << slot;
-        ++slot;
-      }
-      arg_start = i + 1;
-      if (c == ')') {
-        close = i;
-        break;
-      }
-    }
-  }
-  if (close < s.size() && s.substr(close).find('!') != std::string_view::npos)
+  const std::size_t close = for_each_schema_arg(s, [&](std::string_view text, std::uint32_t slot) {
+    if (text.find("!)") != std::string_view::npos && slot < 64) mask |= std::uint64_t{1} << slot;
+  });
+  if (close != std::string_view::npos && s.substr(close).find('!') != std::string_view::npos)
     *writes_returns = true;
   return mask;
 }
