@@ -674,15 +674,53 @@ void Importer::find_contexts() {
   enum Kind : std::uint8_t { kNeutral, kTrain, kInfer };
   std::vector<Kind> kind(items.size(), kNeutral);
   bool any_infer = false;
+  // A trace with no backward and no optimizer at all is inference only, seq_id or not.
+  const bool no_training = std::none_of(items.begin(), items.end(), [&](std::size_t i) {
+    return flags[i] & (kBwdF | kOptF);
+  }) && std::none_of(flags.begin(), flags.end(), [&](std::uint8_t f) { return f & kBwdF; });
   for (std::size_t k = 0; k < items.size(); ++k) {
     const std::uint8_t f = flags[items[k]];
     if (f & (kBwdF | kOptF | kGradF))
       kind[k] = kTrain;
-    else if ((f & kModelF) && grad_known)
+    else if ((f & kModelF) && (grad_known || no_training))
       kind[k] = kInfer, any_infer = true;
+  }
+  std::vector<std::int64_t> backward_ids;  // ascending, as nodes_ is
+  for (const Node& x : nodes_)
+    if (is_backward_range(x.name)) backward_ids.push_back(x.id);
+  // "No backward after them": a forward that recorded an autograd graph but
+  // is followed by no backward or optimizer step (generation left with grad
+  // mode on) is inference too.
+  for (std::size_t k = 0; k < items.size();) {
+    const std::uint8_t f = flags[items[k]];
+    if (kind[k] != kTrain || (f & (kBwdF | kOptF))) {
+      ++k;
+      continue;
+    }
+    std::size_t e = k;
+    bool model = false;
+    while (e < items.size() && kind[e] != kInfer && !(flags[items[e]] & (kBwdF | kOptF))) {
+      model |= (flags[items[e]] & kModelF) != 0;
+      ++e;
+    }
+    // The backward of a CUDA program runs on another thread: it follows by id.
+    bool backward_follows = e < items.size() && kind[e] != kInfer;
+    const std::int64_t to =
+        e < items.size() ? nodes_[items[e]].id : std::numeric_limits<std::int64_t>::max();
+    auto b = std::upper_bound(backward_ids.begin(), backward_ids.end(), nodes_[items[k]].id);
+    backward_follows |= b != backward_ids.end() && *b < to;
+    if (!backward_follows && model)
+      for (std::size_t q = k; q < e; ++q)
+        if (kind[q] == kTrain) kind[q] = kInfer, any_infer = true;
+    k = e;
   }
   // Neutral items join the next item that is not neutral (the last ones, the one before).
   Kind next = kTrain;
+  for (std::size_t k = items.size(); k-- > 0;)
+    if (kind[k] != kNeutral) {
+      next = kind[k];
+      break;
+    }
   for (std::size_t k = items.size(); k-- > 0;)
     if (kind[k] == kNeutral)
       kind[k] = next;

@@ -358,6 +358,32 @@ class CorpusTest(unittest.TestCase):
                                                text=True).stdout)
                 self.assertEqual(sorted(st["jobs"]), ["infer-0", "train-0"], path)
 
+    def test_generation_only_et_is_one_inference_job(self):
+        # No backward, no optimizer: inference, one iteration per model call.
+        u3m = os.environ.get("U3M_BIN", "")
+        if not u3m or not os.access(u3m, os.X_OK):
+            self.skipTest("U3M_BIN is not set to a built u3m binary")
+        from torch.profiler import ExecutionGraphObserver
+        from u3m_capture import zoo
+        torch.manual_seed(0)
+        m = zoo.GPT2().eval()
+        with tempfile.TemporaryDirectory() as d:
+            path, out = os.path.join(d, "gen.json"), os.path.join(d, "gen.u3mt")
+            eg = ExecutionGraphObserver()
+            eg.register_callback(path)
+            eg.start()
+            for _ in range(2):
+                m.generate(torch.randint(256, (2, 4)), 4)
+            eg.stop()
+            eg.unregister_callback()
+            imp = subprocess.run([u3m, "trace", "import", path, "-o", out], capture_output=True, text=True)
+            self.assertEqual(imp.returncode, 0, imp.stderr)
+            st = json.loads(subprocess.run([u3m, "trace", "stats", out, "--json"], capture_output=True,
+                                           text=True).stdout)
+            self.assertEqual(list(st["jobs"]), ["infer-0"])
+            self.assertEqual(st["jobs"]["infer-0"]["iterations"], 8)  # 2 x (a prefill + 3 decode steps)
+            self.assertGreater(st["phases"]["decode"], 0)
+
 
 if __name__ == "__main__":
     unittest.main()
