@@ -147,6 +147,13 @@ struct AccelBackend::Impl {
     last_error = std::move(line);
   }
   Status bind() const { return check(rt->bind_thread(), "bind device to thread"); }
+  // One native call on the calling thread, the device bound first: the Status
+  // of its code.
+  template <typename F>
+  Status call(const char* what, F&& native) const {
+    if (Status s = bind(); !ok(s)) return s;
+    return check(native(), what);
+  }
 
   bool is_device_range(std::uintptr_t p, std::uint64_t n) const {
     if (inside_one(allocations, p, n)) return true;
@@ -270,9 +277,9 @@ class RuntimeHostBackend final : public MemoryBackend {
     if (bytes == 0 || ptr == nullptr) return Status::invalid_argument;
     std::lock_guard g(m_.mu);
     if (bytes > capacity_ - used_) return Status::out_of_memory;
-    if (Status s = m_.bind(); !ok(s)) return s;
     void* p = nullptr;
-    if (Status s = m_.check(m_.rt->malloc_host(bytes, &p), "malloc host"); !ok(s)) return s;
+    if (Status s = m_.call("malloc host", [&] { return m_.rt->malloc_host(bytes, &p); }); !ok(s))
+      return s;
     mine_.emplace(addr(p), bytes);
     m_.host_ranges.emplace(addr(p), bytes);
     used_ += bytes;
@@ -284,8 +291,7 @@ class RuntimeHostBackend final : public MemoryBackend {
     std::lock_guard g(m_.mu);
     auto it = mine_.find(addr(ptr));
     if (it == mine_.end()) return Status::invalid_argument;
-    if (Status s = m_.bind(); !ok(s)) return s;
-    if (Status s = m_.check(m_.rt->free_host(ptr), "free host"); !ok(s)) return s;
+    if (Status s = m_.call("free host", [&] { return m_.rt->free_host(ptr); }); !ok(s)) return s;
     used_ -= it->second;
     m_.host_ranges.erase(it->first);
     mine_.erase(it);
@@ -324,7 +330,7 @@ AccelBackend::AccelBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
   // runtime's default stream). Without it the backend is still usable for
   // memory; every stream-0 call then answers not_found.
   void* s = nullptr;
-  if (ok(m.bind()) && ok(m.check(m.rt->stream_create(&s), "create stream 0")))
+  if (ok(m.call("create stream 0", [&] { return m.rt->stream_create(&s); })))
     m.streams.emplace(kDefaultStream.id, s);
 }
 
@@ -358,9 +364,8 @@ Status AccelBackend::allocate(std::uint64_t bytes, void** ptr) {
   if (m.failed) return Status::device_failed;
   if (bytes == 0 || ptr == nullptr) return Status::invalid_argument;
   std::lock_guard g(m.mu);
-  if (Status s = m.bind(); !ok(s)) return s;
   void* p = nullptr;
-  if (Status s = m.check(m.rt->malloc(bytes, &p), "malloc"); !ok(s)) return s;
+  if (Status s = m.call("malloc", [&] { return m.rt->malloc(bytes, &p); }); !ok(s)) return s;
   m.allocations.emplace(addr(p), bytes);
   *ptr = p;
   return Status::ok;
@@ -373,8 +378,7 @@ Status AccelBackend::free(void* ptr) {
   auto it = m.allocations.find(addr(ptr));
   if (it == m.allocations.end())
     return m.refuse(Status::invalid_argument, "free: not a pointer allocate() returned");
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->free(ptr), "free"); !ok(s)) return s;
+  if (Status s = m.call("free", [&] { return m.rt->free(ptr); }); !ok(s)) return s;
   m.allocations.erase(it);
   return Status::ok;
 }
@@ -383,8 +387,7 @@ Status AccelBackend::mem_info(std::uint64_t* free_bytes, std::uint64_t* total_by
   const Impl& m = *impl_;
   if (m.failed) return Status::device_failed;
   if (free_bytes == nullptr || total_bytes == nullptr) return Status::invalid_argument;
-  if (Status s = m.bind(); !ok(s)) return s;
-  return m.check(m.rt->mem_info(free_bytes, total_bytes), "mem info");
+  return m.call("mem info", [&] { return m.rt->mem_info(free_bytes, total_bytes); });
 }
 
 Status AccelBackend::memcpy_async(void* dst, std::uint64_t dst_max, const void* src,
@@ -399,8 +402,8 @@ Status AccelBackend::memcpy_async(void* dst, std::uint64_t dst_max, const void* 
     if (Status st = m.check_copy(dst, dst_max, src, count, kind, true); !ok(st) || count == 0)
       return st;
   }
-  if (Status st = m.bind(); !ok(st)) return st;
-  return m.check(m.rt->memcpy_async(dst, dst_max, src, count, kind, s), "memcpy async");
+  return m.call("memcpy async",
+                [&] { return m.rt->memcpy_async(dst, dst_max, src, count, kind, s); });
 }
 
 Status AccelBackend::memcpy_sync(void* dst, std::uint64_t dst_max, const void* src,
@@ -412,15 +415,13 @@ Status AccelBackend::memcpy_sync(void* dst, std::uint64_t dst_max, const void* s
     if (Status st = m.check_copy(dst, dst_max, src, count, kind, false); !ok(st) || count == 0)
       return st;
   }
-  if (Status st = m.bind(); !ok(st)) return st;
-  return m.check(m.rt->memcpy(dst, dst_max, src, count, kind), "memcpy");
+  return m.call("memcpy", [&] { return m.rt->memcpy(dst, dst_max, src, count, kind); });
 }
 
 Status AccelBackend::raw_memcpy(void* dst, std::uint64_t dst_max, const void* src,
                                 std::uint64_t count, CopyKind kind) {
   Impl& m = *impl_;
-  if (Status st = m.bind(); !ok(st)) return st;
-  return m.check(m.rt->memcpy(dst, dst_max, src, count, kind), "memcpy (reference)");
+  return m.call("memcpy (reference)", [&] { return m.rt->memcpy(dst, dst_max, src, count, kind); });
 }
 
 Status AccelBackend::create_stream(Stream* stream) {
@@ -428,9 +429,9 @@ Status AccelBackend::create_stream(Stream* stream) {
   if (m.failed) return Status::device_failed;
   if (stream == nullptr) return Status::invalid_argument;
   std::lock_guard g(m.mu);
-  if (Status s = m.bind(); !ok(s)) return s;
   void* s = nullptr;
-  if (Status st = m.check(m.rt->stream_create(&s), "create stream"); !ok(st)) return st;
+  if (Status st = m.call("create stream", [&] { return m.rt->stream_create(&s); }); !ok(st))
+    return st;
   stream->id = m.next_id++;
   m.streams.emplace(stream->id, s);
   return Status::ok;
@@ -445,8 +446,7 @@ Status AccelBackend::destroy_stream(Stream stream) {
   std::lock_guard g(m.mu);
   auto it = m.streams.find(stream.id);
   if (it == m.streams.end()) return Status::not_found;  // destroyed concurrently
-  if (Status s = m.bind(); !ok(s)) return s;
-  Status d = m.check(m.rt->stream_destroy(it->second), "destroy stream");
+  Status d = m.call("destroy stream", [&] { return m.rt->stream_destroy(it->second); });
   m.streams.erase(it);  // a handle the runtime refused to destroy is not usable either
   return ok(synced) ? d : synced;
 }
@@ -460,8 +460,7 @@ Status AccelBackend::synchronize_stream(Stream stream) {
     s = m.stream_of(stream.id);
   }
   if (s == nullptr) return Status::not_found;
-  if (Status st = m.bind(); !ok(st)) return st;
-  return m.check(m.rt->stream_sync(s), "synchronize stream");
+  return m.call("synchronize stream", [&] { return m.rt->stream_sync(s); });
 }
 
 Status AccelBackend::create_event(Event* event) {
@@ -469,9 +468,8 @@ Status AccelBackend::create_event(Event* event) {
   if (m.failed) return Status::device_failed;
   if (event == nullptr) return Status::invalid_argument;
   std::lock_guard g(m.mu);
-  if (Status s = m.bind(); !ok(s)) return s;
   void* e = nullptr;
-  if (Status s = m.check(m.rt->event_create(&e), "create event"); !ok(s)) return s;
+  if (Status s = m.call("create event", [&] { return m.rt->event_create(&e); }); !ok(s)) return s;
   event->id = m.next_id++;
   m.events.emplace(event->id, EventSlot{e, false});
   return Status::ok;
@@ -483,8 +481,7 @@ Status AccelBackend::destroy_event(Event event) {
   std::lock_guard g(m.mu);
   auto it = m.events.find(event.id);
   if (it == m.events.end()) return Status::not_found;
-  if (Status s = m.bind(); !ok(s)) return s;
-  Status s = m.check(m.rt->event_destroy(it->second.native), "destroy event");
+  Status s = m.call("destroy event", [&] { return m.rt->event_destroy(it->second.native); });
   m.events.erase(it);
   return s;
 }
@@ -496,8 +493,8 @@ Status AccelBackend::record_event(Event event, Stream stream) {
   void* s = m.stream_of(stream.id);
   auto it = m.events.find(event.id);
   if (s == nullptr || it == m.events.end()) return Status::not_found;
-  if (Status st = m.bind(); !ok(st)) return st;
-  if (Status st = m.check(m.rt->event_record(it->second.native, s), "record event"); !ok(st))
+  if (Status st = m.call("record event", [&] { return m.rt->event_record(it->second.native, s); });
+      !ok(st))
     return st;
   it->second.recorded = true;
   return Status::ok;
@@ -514,9 +511,9 @@ Status AccelBackend::query_event(Event event) const {
     if (!it->second.recorded) return Status::ok;  // never recorded: complete
     e = it->second.native;
   }
-  if (Status s = m.bind(); !ok(s)) return s;
   bool done = false;
-  if (Status s = m.check(m.rt->event_query(e, &done), "query event"); !ok(s)) return s;
+  if (Status s = m.call("query event", [&] { return m.rt->event_query(e, &done); }); !ok(s))
+    return s;
   return done ? Status::ok : Status::busy;
 }
 
@@ -531,8 +528,7 @@ Status AccelBackend::synchronize_event(Event event) {
     if (!it->second.recorded) return Status::ok;
     e = it->second.native;
   }
-  if (Status s = m.bind(); !ok(s)) return s;
-  return m.check(m.rt->event_sync(e), "synchronize event");
+  return m.call("synchronize event", [&] { return m.rt->event_sync(e); });
 }
 
 Status AccelBackend::stream_wait_event(Stream stream, Event event) {
@@ -543,8 +539,7 @@ Status AccelBackend::stream_wait_event(Stream stream, Event event) {
   auto it = m.events.find(event.id);
   if (s == nullptr || it == m.events.end()) return Status::not_found;
   if (!it->second.recorded) return Status::ok;  // nothing to wait for (CUDA/ACL)
-  if (Status st = m.bind(); !ok(st)) return st;
-  return m.check(m.rt->stream_wait_event(s, it->second.native), "stream wait event");
+  return m.call("stream wait event", [&] { return m.rt->stream_wait_event(s, it->second.native); });
 }
 
 Status AccelBackend::reserve(std::uint64_t bytes, void** va) {
@@ -554,9 +549,9 @@ Status AccelBackend::reserve(std::uint64_t bytes, void** va) {
   if (bytes == 0 || bytes % m.info.granularity != 0 || va == nullptr)
     return Status::invalid_argument;
   std::lock_guard g(m.mu);
-  if (Status s = m.bind(); !ok(s)) return s;
   void* p = nullptr;
-  if (Status s = m.check(m.rt->reserve(bytes, &p), "reserve address"); !ok(s)) return s;
+  if (Status s = m.call("reserve address", [&] { return m.rt->reserve(bytes, &p); }); !ok(s))
+    return s;
   m.reservations.emplace(addr(p), Reservation{.size = bytes, .maps = {}});
   m.reservation_sizes.emplace(addr(p), bytes);
   *va = p;
@@ -570,8 +565,9 @@ Status AccelBackend::release(void* va) {
   auto it = m.reservations.find(addr(va));
   if (it == m.reservations.end()) return Status::invalid_argument;
   if (!it->second.maps.empty()) return Status::busy;
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->release(va, it->second.size), "release address"); !ok(s)) return s;
+  if (Status s = m.call("release address", [&] { return m.rt->release(va, it->second.size); });
+      !ok(s))
+    return s;
   m.reservation_sizes.erase(it->first);
   m.reservations.erase(it);
   return Status::ok;
@@ -584,9 +580,9 @@ Status AccelBackend::create_physical(std::uint64_t bytes, PhysicalHandle* handle
   if (bytes == 0 || bytes % m.info.granularity != 0 || handle == nullptr)
     return Status::invalid_argument;
   std::lock_guard g(m.mu);
-  if (Status s = m.bind(); !ok(s)) return s;
   std::uint64_t native = 0;
-  if (Status s = m.check(m.rt->create_physical(bytes, &native), "create physical"); !ok(s))
+  if (Status s = m.call("create physical", [&] { return m.rt->create_physical(bytes, &native); });
+      !ok(s))
     return s;
   std::uint64_t id = m.next_id++;
   m.chunks.emplace(id, Chunk{.native = native, .size = bytes, .map_count = 0});
@@ -601,8 +597,9 @@ Status AccelBackend::free_physical(PhysicalHandle handle) {
   auto it = m.chunks.find(handle.id);
   if (it == m.chunks.end()) return Status::invalid_argument;
   if (it->second.map_count > 0) return Status::busy;
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->free_physical(it->second.native), "free physical"); !ok(s)) return s;
+  if (Status s = m.call("free physical", [&] { return m.rt->free_physical(it->second.native); });
+      !ok(s))
+    return s;
   m.chunks.erase(it);
   return Status::ok;
 }
@@ -627,8 +624,8 @@ Status AccelBackend::map(void* va, PhysicalHandle handle) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > off) return Status::invalid_argument;
   }
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->map(va, size, ch->second.native), "map"); !ok(s)) return s;
+  if (Status s = m.call("map", [&] { return m.rt->map(va, size, ch->second.native); }); !ok(s))
+    return s;
   maps.emplace(off, Mapping{.chunk = handle.id, .size = size});
   ++ch->second.map_count;
   return Status::ok;
@@ -644,8 +641,8 @@ Status AccelBackend::unmap(void* va) {
   --r;
   auto mp = r->second.maps.find(p - r->first);
   if (mp == r->second.maps.end()) return Status::invalid_argument;
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->unmap(va, mp->second.size), "unmap"); !ok(s)) return s;
+  if (Status s = m.call("unmap", [&] { return m.rt->unmap(va, mp->second.size); }); !ok(s))
+    return s;
   --m.chunks.at(mp->second.chunk).map_count;
   r->second.maps.erase(mp);
   return Status::ok;
@@ -664,8 +661,8 @@ Status AccelBackend::register_host(void* ptr, std::uint64_t bytes) {
   std::lock_guard g(m.mu);
   if (m.touches_device(addr(ptr), bytes) || overlaps_any(m.registered, addr(ptr), bytes))
     return Status::invalid_argument;
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->host_register(ptr, bytes), "host register"); !ok(s)) return s;
+  if (Status s = m.call("host register", [&] { return m.rt->host_register(ptr, bytes); }); !ok(s))
+    return s;
   m.registered.emplace(addr(ptr), bytes);
   return Status::ok;
 }
@@ -677,8 +674,8 @@ Status AccelBackend::unregister_host(void* ptr) {
   std::lock_guard g(m.mu);
   auto it = m.registered.find(addr(ptr));
   if (it == m.registered.end()) return Status::invalid_argument;
-  if (Status s = m.bind(); !ok(s)) return s;
-  if (Status s = m.check(m.rt->host_unregister(ptr), "host unregister"); !ok(s)) return s;
+  if (Status s = m.call("host unregister", [&] { return m.rt->host_unregister(ptr); }); !ok(s))
+    return s;
   m.registered.erase(it);
   return Status::ok;
 }

@@ -1,8 +1,9 @@
 // The conformance suite both accelerator backends run (test_backend_accel.cpp),
 // instantiated by test_backend_cuda.cpp and test_backend_acl.cpp. In CI the
 // backend loads the in-repo test double of its C API (tests/mem/doubles); with
-// U3M_CUDA_TEST_REAL=1 (scripts/gpu-check.sh) the CUDA suite loads the real
-// runtime instead, and the tests that steer the double are skipped.
+// U3M_CUDA_TEST_REAL=1 (scripts/gpu-check.sh) or U3M_ACL_TEST_REAL=1 the suite
+// loads the installed runtime instead, and the tests that steer the double
+// are skipped.
 #pragma once
 
 #include <dlfcn.h>

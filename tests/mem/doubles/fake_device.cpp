@@ -481,33 +481,42 @@ int FakeDevice::map(void* va, std::uint64_t bytes, std::uint64_t handle, bool ac
   return 0;
 }
 
-int FakeDevice::set_access(void* va, std::uint64_t bytes) {
-  std::lock_guard g(mu_);
-  const std::uintptr_t p = addr(va);
+// The mapping that starts at exactly p, with its reservation and its offset
+// there; caller holds mu_.
+FakeDevice::Mapping* FakeDevice::mapping_at(std::uintptr_t p, Reservation** res,
+                                            std::uint64_t* off) {
   auto r = reservations_.upper_bound(p);
-  if (r == reservations_.begin()) return codes_.invalid;
+  if (r == reservations_.begin()) return nullptr;
   --r;
   auto m = r->second.maps.find(p - r->first);
-  if (m == r->second.maps.end() || m->second.size != bytes) return codes_.invalid;
+  if (m == r->second.maps.end()) return nullptr;
+  *res = &r->second;
+  *off = m->first;
+  return &m->second;
+}
+
+int FakeDevice::set_access(void* va, std::uint64_t bytes) {
+  std::lock_guard g(mu_);
+  Reservation* r = nullptr;
+  std::uint64_t off = 0;
+  Mapping* m = mapping_at(addr(va), &r, &off);
+  if (m == nullptr || m->size != bytes) return codes_.invalid;
   if (mprotect(va, bytes, PROT_READ | PROT_WRITE) != 0) return codes_.invalid;
-  m->second.accessible = true;
+  m->accessible = true;
   return 0;
 }
 
 int FakeDevice::unmap(void* va, std::uint64_t bytes) {
   std::lock_guard g(mu_);
-  const std::uintptr_t p = addr(va);
-  auto r = reservations_.upper_bound(p);
-  if (r == reservations_.begin()) return codes_.invalid;
-  --r;
-  auto m = r->second.maps.find(p - r->first);
-  if (m == r->second.maps.end() || (bytes != 0 && m->second.size != bytes)) return codes_.invalid;
-  const std::uint64_t size = m->second.size;
-  if (mmap(va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
-      MAP_FAILED)
+  Reservation* r = nullptr;
+  std::uint64_t off = 0;
+  Mapping* m = mapping_at(addr(va), &r, &off);
+  if (m == nullptr || (bytes != 0 && m->size != bytes)) return codes_.invalid;
+  if (mmap(va, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+           0) == MAP_FAILED)
     return codes_.invalid;
-  --chunks_.at(m->second.chunk).map_count;
-  r->second.maps.erase(m);
+  --chunks_.at(m->chunk).map_count;
+  r->maps.erase(off);
   return 0;
 }
 

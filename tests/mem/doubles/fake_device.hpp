@@ -133,6 +133,7 @@ class FakeDevice {
   };
 
   bool device_range(std::uintptr_t p, std::uint64_t n) const;  // caller holds mu_
+  Mapping* mapping_at(std::uintptr_t p, Reservation** res, std::uint64_t* off);
   bool touches_device(std::uintptr_t p, std::uint64_t n) const;
   int check_copy(const void* dst, const void* src, std::uint64_t n, Kind k) const;
   StreamState* stream(void* s);
