@@ -14,6 +14,7 @@
 //     (ACL_ERROR_RT_FEATURE_NOT_SUPPORT), and the host side from
 //     aclrtMallocHost. CANN calls anything else "unpredictable" without an
 //     error; the double answers ACL_ERROR_RT_PARAM_INVALID, so a slip fails.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -52,9 +53,9 @@ struct PhysicalMemProp {
 };
 static_assert(sizeof(PhysicalMemProp) == 32);
 
-bool g_initialized = false;
+std::atomic<bool> g_initialized{false};
 int g_context = 0;  // its address is the device's default context
-int g_device_refs = 0;
+std::atomic<int> g_device_refs{0};
 thread_local void* t_context = nullptr;
 thread_local std::string t_last_message;
 
@@ -98,9 +99,7 @@ using u3m::doubles::device;
 
 U3M_EXPORT int aclInit(const char*) {
   ENTER_NO_CONTEXT("aclInit");
-  if (g_initialized) return kRepeatInitialize;
-  g_initialized = true;
-  return kSuccess;
+  return g_initialized.exchange(true) ? kRepeatInitialize : kSuccess;
 }
 U3M_EXPORT int aclrtGetDeviceCount(std::uint32_t* n) {
   ENTER_NO_CONTEXT("aclrtGetDeviceCount");

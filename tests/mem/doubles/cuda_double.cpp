@@ -13,6 +13,7 @@
 // inaccessible until cuMemSetAccess; the VMM structs' fields are checked.
 // Stricter than CUDA where u3m never goes: cuMemRelease of a mapped chunk
 // fails instead of being deferred.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -52,7 +53,7 @@ struct AccessDesc {
   int flags;
 };
 
-bool g_initialized = false;  // cuInit
+std::atomic<bool> g_initialized{false};  // cuInit
 int g_primary_ctx = 0;       // its address is the context handle
 thread_local bool t_ctx_current = false;
 
