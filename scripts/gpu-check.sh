@@ -105,7 +105,13 @@ if ! configure; then
   if ls "$DEPS"/*.deb >/dev/null 2>&1; then
     D=$W/deps
     mkdir -p "$D"
-    for f in "$DEPS"/*.deb; do dpkg -x "$f" "$D"; done
+    for f in "$DEPS"/*.deb; do
+      if command -v dpkg >/dev/null; then
+        dpkg -x "$f" "$D"
+      else  # a .deb is an ar archive around data.tar.*
+        (cd "$D" && ar x "$f" && tar -xf data.tar.* && rm -f data.tar.* control.tar.* debian-binary)
+      fi
+    done
     export CMAKE_PREFIX_PATH="$D/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
     export PKG_CONFIG_PATH="$D/usr/lib/x86_64-linux-gnu/pkgconfig:$D/usr/share/pkgconfig"
     export PKG_CONFIG_SYSROOT_DIR=$D
@@ -170,7 +176,7 @@ def why(name):
         return "an earlier step it needs failed"
     if isinstance(rc[name], str):
         return f"step {name} {rc[name]}"
-    return f"step {name} exit {rc[name]}" + (" (timed out)" if rc[name] in (124, 137) else "")
+    return f"step {name} exit {rc[name]}" + (" (timed out or killed)" if rc[name] in (124, 137) else "")
 report = {"script": "scripts/gpu-check.sh", "issue": 19,
           "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
           "wall_s": int(time.time()) - t0, "budget_s": budget,
