@@ -56,6 +56,10 @@
 
 namespace u3m::mem {
 
+namespace detail {
+class ScratchPool;  // src/mem/ssd_store.cpp, Note [Scratch buffers]
+}
+
 // Free-space map of the store's file: runs of free bytes kept by offset (to
 // coalesce with both neighbours on free) and by size (for best fit). Offsets
 // and lengths are multiples of `align`. Not thread-safe (the store locks).
@@ -256,6 +260,7 @@ class SsdStore {
   std::shared_ptr<IoEngine> engine_;
   int fd_ = -1;
   std::string notice_;
+  std::unique_ptr<detail::ScratchPool> scratch_;
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
