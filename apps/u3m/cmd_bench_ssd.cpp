@@ -49,6 +49,7 @@ struct BenchSsdArgs {
   std::uint32_t chunk_kb = 1024;
   bool no_fio = false;
   bool no_thp = false;
+  bool no_verify_writes = false;
 };
 
 // O_DIRECT needs whole 4 KiB blocks.
@@ -459,6 +460,7 @@ void run_bench_ssd(const BenchSsdArgs& a) {
   o.capacity = capacity;
   o.chunk_bytes = chunk;
   o.queue_depth = a.queue_depth;  // the engine's cap on I/Os in flight
+  o.verify_writes = !a.no_verify_writes;
   std::unique_ptr<mem::SsdStore> store;
   Status s = mem::SsdStore::open(o, store, &why);
   if (!ok(s)) throw std::runtime_error(fmt::format("cannot open the SSD store: {}", why));
@@ -602,10 +604,14 @@ void run_bench_ssd(const BenchSsdArgs& a) {
       "size (the store splits blobs into {} extents, one I/O each; fio --bs=min(size, {})), "
       "same queue depth at the device ({}: the store's io_uring engine caps I/Os in flight at "
       "it; fio --iodepth={}); the store keeps enough blobs queued to fill it. fio: --direct=1 "
-      "--ioengine=io_uring. Checksums are computed on every put and verified on every get. Both "
-      "files are written in full before timing. I/O buffers: {}.",
+      "--ioengine=io_uring. Checksums are computed on every put and verified on every get; {}. "
+      "Both files are written in full before timing. I/O buffers: {}.",
       a.rounds, human_bytes(region), a.seconds, human_bytes(chunk), human_bytes(chunk),
-      a.queue_depth, a.queue_depth, buffers);
+      a.queue_depth, a.queue_depth,
+      a.no_verify_writes ? "puts are not read back (--no-verify-writes)"
+                         : "every put is read back and checked before it completes (the store's "
+                           "verify_writes, on by default), so the store's writes include a read",
+      buffers);
   if (a.json) {
     nlohmann::json j = {
         {"machine", machine()},
@@ -619,6 +625,7 @@ void run_bench_ssd(const BenchSsdArgs& a) {
         {"direct_io", store->capabilities().direct_io},
         {"engine", std::string(store->engine().name())},
         {"huge_page_buffers", thp},
+        {"verify_writes", !a.no_verify_writes},
         {"store_thp_bytes", store_thp < 0 ? nlohmann::json(nullptr) : nlohmann::json(store_thp)},
         {"method", method},
         {"reference",
@@ -686,6 +693,8 @@ void add_bench_ssd_command(CLI::App& bench) {
   cmd->add_option("--chunk-kb", args->chunk_kb, "Largest single I/O of the store, KiB")
       ->capture_default_str();
   cmd->add_flag("--no-fio", args->no_fio, "Skip the fio reference");
+  cmd->add_flag("--no-verify-writes", args->no_verify_writes,
+                "Store puts without reading them back (the store verifies every write by default)");
   cmd->add_flag("--no-thp", args->no_thp,
                 "I/O buffers in 4 KiB pages on both sides (default: transparent huge pages)");
   cmd->callback([args] { run_bench_ssd(*args); });

@@ -47,6 +47,8 @@ TEST(BenchSsdCli, JsonReportsEveryOpAndSizeWithPairedReference) {
   EXPECT_TRUE(j.at("huge_page_buffers").get<bool>());
   EXPECT_NE(j.at("method").get<std::string>().find("transparent huge pages"), std::string::npos);
   EXPECT_EQ(j.at("direct_io").get<bool>(), u3m::mem::testing::dir_supports_direct_io(dir));
+  EXPECT_TRUE(j.at("verify_writes").get<bool>());  // the store's default, and the method says so
+  EXPECT_NE(j.at("method").get<std::string>().find("every put is read back"), std::string::npos);
   const auto& res = j.at("results");
   ASSERT_EQ(res.size(), 4u);  // write and read for each of the two sizes
   const std::pair<const char*, std::uint64_t> want[] = {
@@ -130,6 +132,20 @@ TEST(BenchSsdCli, NoThpUsesSmallPagesAndSaysSo) {
   EXPECT_NE(j.at("method").get<std::string>().find("4 KiB pages (--no-thp) on both sides"),
             std::string::npos);
   EXPECT_EQ(j.at("checksum_failures").get<int>(), 0);
+}
+
+TEST(BenchSsdCli, NoVerifyWritesSkipsTheReadBackAndSaysSo) {
+  u3m::mem::testing::ScratchDir dir;
+  CliRun r =
+      u3m("bench ssd --json --no-fio --no-verify-writes --sizes 64K --rounds 1 --seconds 0.05 "
+          "--region 1M --dir " +
+          dir.path());
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_FALSE(j.at("verify_writes").get<bool>());
+  EXPECT_NE(j.at("method").get<std::string>().find("not read back (--no-verify-writes)"),
+            std::string::npos);
+  EXPECT_EQ(j.at("checksum_failures").get<int>(), 0);  // gets still verify every extent
 }
 
 TEST(BenchSsdCli, BadSizeIsAClearError) {
