@@ -8,6 +8,10 @@
 //   full64/NAME    the same plus predict(64) before every op step: the whole
 //                  64-step set recomputed at every op (what `u3m predict eval`
 //                  times by default).
+// Each on two traces: the synthetic mixed trace (name as above) and, with
+// the suffix "@real", a real RLHF-style capture from the corpus
+// (data/pytorch-et/corpus/gpt2-rlhf.et.json.gz, torch's ExecutionGraphObserver;
+// skipped if the file is missing).
 // The "time_per_event" counter is CPU time divided by events fed. Use
 // --benchmark_repetitions=N --benchmark_report_aggregates_only=true to get
 // the median.
@@ -17,8 +21,12 @@
 #include <string>
 #include <vector>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "u3m/predict/predictor.hpp"
 #include "u3m/predict/synthetic.hpp"
+#include "u3m/trace/io.hpp"
 
 namespace {
 
@@ -39,10 +47,28 @@ const TraceFeed& bench_feed() {
   return feed;
 }
 
+// Null when the corpus is not there.
+const TraceFeed* real_feed() {
+  static const std::unique_ptr<u3m::trace::Trace> trace = []() -> std::unique_ptr<u3m::trace::Trace> {
+    const char* env = std::getenv("U3M_SOURCE_DIR");
+    const std::string path = std::string(env ? env : U3M_SOURCE_DIR) +
+                             "/data/pytorch-et/corpus/gpt2-rlhf.et.json.gz";
+    if (!std::filesystem::exists(path)) return nullptr;
+    return std::make_unique<u3m::trace::Trace>(u3m::trace::load_trace(path));
+  }();
+  static const std::unique_ptr<TraceFeed> feed =
+      trace ? std::make_unique<TraceFeed>(*trace) : nullptr;
+  return feed.get();
+}
+
 enum class Query { none, window, full };
 
-void run(benchmark::State& state, const std::string& name, Query query) {
-  const TraceFeed& feed = bench_feed();
+void run(benchmark::State& state, const std::string& name, Query query, const TraceFeed* fp) {
+  if (!fp) {
+    state.SkipWithError("corpus trace not found (data/pytorch-et/corpus/)");
+    return;
+  }
+  const TraceFeed& feed = *fp;
   std::vector<Access> events;
   std::vector<std::size_t> step_end;
   for (std::size_t s = 0; s < feed.num_steps(); ++s) {
@@ -85,10 +111,14 @@ int register_all = [] {
   for (const std::string& n : predictor_names()) {
     for (auto [label, q] :
          {std::pair{"observe/", Query::none}, std::pair{"window64/", Query::window},
-          std::pair{"full64/", Query::full}})
+          std::pair{"full64/", Query::full}}) {
       benchmark::RegisterBenchmark((label + n).c_str(), [n, q = q](benchmark::State& s) {
-        run(s, n, q);
+        run(s, n, q, &bench_feed());
       })->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((label + n + "@real").c_str(), [n, q = q](benchmark::State& s) {
+        run(s, n, q, real_feed());
+      })->Unit(benchmark::kMillisecond);
+    }
   }
   return 0;
 }();

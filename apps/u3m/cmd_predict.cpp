@@ -31,6 +31,7 @@ struct PredictEvalArgs {
   bool predictors_given = false;  // an explicit empty list is an error, not "all"
   std::uint32_t horizon = 64;
   std::uint32_t warmup_iterations = 1;
+  std::uint32_t switch_ops = 64;
   bool json = false;
   bool diagnose = false;
   bool window_delta = false;
@@ -48,6 +49,12 @@ std::vector<std::string> parse_predictors(const std::string& list) {
       input_error("--predictors",
                   "empty name at position {} in '{}' (a comma-separated list of {})", pos, list,
                   fmt::join(known, ", "));
+    bool deprecated = false;
+    const std::string canonical(predict::canonical_predictor_name(s, &deprecated));
+    if (deprecated)  // Note [Predictor names]
+      fmt::print(stderr, "u3m: note: --predictors: '{}' is an old name of '{}'; use '{}'\n", s,
+                 canonical, canonical);
+    s = canonical;
     if (std::find(known.begin(), known.end(), s) == known.end())
       input_error("--predictors", "unknown predictor '{}' (known: {})", s, fmt::join(known, ", "));
     if (std::find(out.begin(), out.end(), s) != out.end())
@@ -92,13 +99,52 @@ void print_table(const std::string& title, const std::vector<predict::EvalResult
                  pct(h.recall_known_count()), r.ns_per_event());
 }
 
+// Iterations of the job that runs longest, for the warm-up message.
+std::uint32_t max_iterations(const trace::Trace& t) {
+  std::vector<std::uint32_t> hi(t.jobs.size() + 1, 0);
+  for (const trace::Op& o : t.ops) {
+    if (o.job >= hi.size()) hi.resize(o.job + 1, 0);
+    hi[o.job] = std::max(hi[o.job], o.iteration + 1);
+  }
+  return hi.empty() ? 0 : *std::max_element(hi.begin(), hi.end());
+}
+
+void print_slices(const std::vector<predict::EvalResult>& rs) {
+  if (rs.empty()) return;
+  fmt::print("per job and after switches (horizon {}, after warm-up; {} switches between jobs "
+             "in the trace, after each the first {} op steps):\n",
+             rs[0].slice_horizon, rs[0].switches, rs[0].switch_ops);
+  fmt::print("{:<13} {:<16} | {:>6} {:>8} {:>6} {:>6} | {:>9}\n", "predictor", "slice", "prec%",
+             "recKnwn%", "F1k%", "ceil%", "decisions");
+  for (const auto& r : rs) {
+    std::vector<const predict::SliceMetrics*> slices;
+    for (const auto& j : r.per_job) slices.push_back(&j);
+    slices.push_back(&r.after_switch);
+    for (const predict::SliceMetrics* s : slices) {
+      const predict::HorizonMetrics m = s->metrics();
+      fmt::print("{:<13} {:<16} | {} {:>8} {} {} | {:>9}\n", r.predictor, s->name,
+                 pct(m.precision()), pct(m.recall_known()),
+                 pct(predict::f1(m.precision(), m.recall_known())), pct(m.recall_ceiling()),
+                 m.sums.decisions);
+    }
+    if (r.switches_detected >= 0)
+      fmt::print("{:<13} its own mode-switch detector applied {} switch(es)\n", r.predictor,
+                 r.switches_detected);
+  }
+}
+
 void run_eval(const PredictEvalArgs& a) {
+  // Checked here, not by CLI11, so the message names the flag whatever the parser does.
+  if (a.horizon < 1 || a.horizon > (1u << 20))
+    input_error("--horizon-ops", "must be between 1 and {} op steps, got {}", 1u << 20, a.horizon);
+  if (a.switch_ops < 1) input_error("--switch-ops", "must be at least 1 op step, got 0");
   std::vector<std::string> names =
       a.predictors_given ? parse_predictors(a.predictors) : predict::predictor_names();
   reject_duplicate_traces(a.traces);
   predict::EvalOptions opt;
   opt.horizons = {8, a.horizon};
   opt.warmup_iterations = a.warmup_iterations;
+  opt.switch_ops = a.switch_ops;
   if (a.window_delta) {  // the policy's view, scored at the headline horizon only
     opt.window_delta = a.horizon;
     opt.horizons = {a.horizon};
@@ -125,6 +171,11 @@ void run_eval(const PredictEvalArgs& a) {
         };
       }
       rs.push_back(predict::evaluate(feed, *p, o));
+      if (rs.back().horizons.front().sums.decisions == 0 && feed.num_steps() > 0)
+        input_error("--warmup-iterations",
+                    "{} excludes every decision point of {} (its longest job runs {} "
+                    "iteration(s)); give a smaller value",
+                    a.warmup_iterations, path, max_iterations(t));
       if (diag && a.json) dj[n] = diag->to_json();
       if (diag && !a.json)
         diag_text += fmt::format("\n{} on {}: error breakdown (computed from the trace)\n{}", n,
@@ -141,6 +192,7 @@ void run_eval(const PredictEvalArgs& a) {
                               path, feed.num_events(), feed.num_steps(), a.warmup_iterations,
                               rs.empty() ? 0 : rs[0].warmup_events),
                   rs);
+      print_slices(rs);
       fmt::print("{}", diag_text);
     }
   }
@@ -198,9 +250,12 @@ void add_predict_commands(CLI::App& app) {
                        fmt::format("Comma-separated list, each name once (default: all): {}",
                                    fmt::join(predict::predictor_names(), ", ")));
   eval->add_option("--horizon-ops", args->horizon,
-                   "Headline horizon in op steps (8 and one "
+                   "Headline horizon in op steps, 1 to 1048576 (8 and one "
                    "iteration are always reported too)")
-      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  eval->add_option("--switch-ops", args->switch_ops,
+                   "Score the decision points in the first N op steps after each switch "
+                   "between jobs apart (reported per trace)")
       ->capture_default_str();
   eval->add_option("--warmup-iterations", args->warmup_iterations,
                    "Leading iterations of each job excluded from the headline (reported)")

@@ -18,5 +18,6 @@ void add_serve_commands(CLI::App& app);     // cmd_serve.cpp: serve sim|capacity
 void add_bench_copy_command(CLI::App& bench);   // cmd_bench_copy.cpp (device-emu, host)
 void add_bench_ssd_command(CLI::App& bench);    // cmd_bench_ssd.cpp (SSD store)
 void add_bench_alloc_command(CLI::App& bench);  // cmd_bench_alloc.cpp (pool allocator)
+void add_doctor_command(CLI::App& app);         // cmd_doctor.cpp: doctor (what this machine offers)
 
 }  // namespace u3m::cli

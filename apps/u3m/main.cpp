@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   u3m::cli::add_serve_commands(app);
   u3m::cli::add_hw_commands(app);
   u3m::cli::add_requests_commands(app);
+  u3m::cli::add_doctor_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -196,7 +196,6 @@ class UringEngine final : public IoEngine {
           batch.emplace_back(p, cqe->res);
       }
       io_uring_cq_advance(&ring_, seen);
-      bool done;
       {
         std::lock_guard lk(sq_mu_);
         counters_.reaped(batch.size(), inflight_);
@@ -208,7 +207,6 @@ class UringEngine final : public IoEngine {
           started = true;
         }
         if (started) submit_locked();
-        done = stopping && inflight_ == 0;
       }
       for (auto [p, res] : batch) {
         (void)p->published.load(std::memory_order_acquire);
@@ -216,7 +214,11 @@ class UringEngine final : public IoEngine {
         if (p->op.done) p->op.done(res);
         delete p;
       }
-      if (done) return;
+      // Checked after the callbacks, which may have submitted follow-up ops.
+      if (stopping) {
+        std::lock_guard lk(sq_mu_);
+        if (inflight_ == 0 && backlog_.empty()) return;
+      }
     }
   }
 

@@ -178,6 +178,14 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
   std::vector<bool> known_added(nt, false);
   std::vector<HorizonSums> cur(res.horizons.size());
   double ns = 0;
+  // Slices at the largest fixed horizon (Note [No future in the query]: the
+  // job of a decision is that of the step before it).
+  const std::size_t slice_h = nfix > 0 ? nfix - 1 : SIZE_MAX;
+  res.slice_horizon = nfix > 0 ? res.horizons[nfix - 1].horizon : std::string();
+  res.switch_ops = opt.switch_ops;
+  res.after_switch.name = "after switches";
+  for (const std::string& j : tr.jobs) res.per_job.push_back({j, {}});
+  std::size_t since_switch = SIZE_MAX;  // steps since the last switch, as of step k-1
 
   for (std::size_t k = 0; k < n; ++k) {
     const JobTrack* current = prev_job == SIZE_MAX ? nullptr : &jobs[prev_job];
@@ -265,6 +273,11 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
       res.horizons[hi].with_warmup.add(cur[hi]);
       if (!warm) res.horizons[hi].sums.add(cur[hi]);
     }
+    if (!warm && slice_h != SIZE_MAX && prev_job != SIZE_MAX) {
+      if (prev_job >= res.per_job.size()) res.per_job.resize(prev_job + 1);
+      res.per_job[prev_job].sums.add(cur[slice_h]);
+      if (since_switch < opt.switch_ops) res.after_switch.sums.add(cur[slice_h]);
+    }
 
     // Step k happens.
     const std::size_t eb = feed.step_begin(k), ee = feed.step_begin(k + 1);
@@ -308,6 +321,12 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
     const trace::Op& op = feed.step_op(k);
     if (op.job >= jobs.size()) jobs.resize(op.job + 1);
     JobTrack& jt = jobs[op.job];
+    if (prev_job != SIZE_MAX && op.job != prev_job) {
+      ++res.switches;
+      since_switch = 0;
+    } else if (since_switch != SIZE_MAX) {
+      ++since_switch;
+    }
     if (!jt.started || op.iteration != jt.iteration) {
       if (jt.started) jt.span = jt.last - jt.first + 1;
       jt.started = true;
@@ -319,6 +338,9 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
     prev_job = op.job;
   }
   res.predictor_ns = ns;
+  res.switches_detected = pred.mode_switches();
+  for (std::size_t j = 0; j < res.per_job.size(); ++j)
+    if (res.per_job[j].name.empty()) res.per_job[j].name = "job " + std::to_string(j);
   return res;
 }
 
@@ -364,6 +386,16 @@ void accumulate(EvalResult& into, const EvalResult& r) {
     into.horizons[i].sums.add(r.horizons[i].sums);
     into.horizons[i].with_warmup.add(r.horizons[i].with_warmup);
   }
+  if (into.per_job.size() < r.per_job.size()) into.per_job.resize(r.per_job.size());
+  for (std::size_t j = 0; j < r.per_job.size(); ++j) {
+    if (into.per_job[j].name.empty()) into.per_job[j].name = r.per_job[j].name;
+    if (into.per_job[j].name != r.per_job[j].name) into.per_job[j].name = "job " + std::to_string(j);
+    into.per_job[j].sums.add(r.per_job[j].sums);
+  }
+  into.after_switch.sums.add(r.after_switch.sums);
+  into.switches += r.switches;
+  if (r.switches_detected >= 0)
+    into.switches_detected = std::max<std::int64_t>(into.switches_detected, 0) + r.switches_detected;
   into.events += r.events;
   into.steps += r.steps;
   into.warmup_events += r.warmup_events;
@@ -390,6 +422,25 @@ nlohmann::json to_json(const EvalResult& r, const std::string& headline) {
   out["ns_per_event"] = r.ns_per_event();
   out["ns_per_event_source"] =
       "measured: wall time of the predictor's observe/step_done/predict calls";
+  auto slice_json = [&](const SliceMetrics& s) {
+    const HorizonMetrics m = s.metrics();
+    return nlohmann::json{{"precision", num(m.precision())},
+                          {"recall", num(m.recall())},
+                          {"recall_known", num(m.recall_known())},
+                          {"f1_known", f1(m.precision(), m.recall_known())},
+                          {"recall_ceiling", num(m.recall_ceiling())},
+                          {"decisions", m.sums.decisions}};
+  };
+  nlohmann::json pj = nlohmann::json::object();
+  for (const SliceMetrics& s : r.per_job) pj[s.name] = slice_json(s);
+  out["per_job"] = pj;
+  out["switches"] = {{"in_trace", r.switches},
+                     {"detected_by_predictor", r.switches_detected < 0
+                                                   ? nlohmann::json(nullptr)
+                                                   : nlohmann::json(r.switches_detected)},
+                     {"first_ops", r.switch_ops},
+                     {"after", slice_json(r.after_switch)}};
+  out["slice_horizon"] = r.slice_horizon;
   out["iteration_stride"] = r.iteration_stride;
   out["iteration_fallback_decisions"] = r.iteration_fallback_decisions;
   out["horizons"] = h;

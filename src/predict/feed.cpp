@@ -117,14 +117,21 @@ StepTensors build_step_tensors(const TraceFeed& feed) {
 }
 
 const std::vector<std::string>& predictor_names() {
-  static const std::vector<std::string> names = {"u3m-seq",      "u3m",          "lru",
+  static const std::vector<std::string> names = {"u3m",          "design-ema",   "lru",
                                                  "markov-reuse", "trace-replay", "oracle"};
   return names;
 }
 
-std::unique_ptr<Predictor> make_predictor(std::string_view name, const TraceFeed* feed) {
-  if (name == "u3m-seq") return std::make_unique<SeqPredictor>();
-  if (name == "u3m") return std::make_unique<U3mEmaPredictor>();
+std::string_view canonical_predictor_name(std::string_view name, bool* deprecated) {
+  const bool alias = name == "u3m-seq";  // Note [Predictor names]
+  if (deprecated) *deprecated = alias;
+  return alias ? std::string_view("u3m") : name;
+}
+
+std::unique_ptr<Predictor> make_predictor(std::string_view requested, const TraceFeed* feed) {
+  const std::string_view name = canonical_predictor_name(requested);
+  if (name == "u3m") return std::make_unique<SeqPredictor>();
+  if (name == "design-ema") return std::make_unique<U3mEmaPredictor>();
   if (name == "lru") return make_lru();
   if (name == "markov-reuse") return make_markov_reuse();
   if (name == "trace-replay") return make_trace_replay();
@@ -133,9 +140,9 @@ std::unique_ptr<Predictor> make_predictor(std::string_view name, const TraceFeed
     return make_oracle(*feed);
   }
   input_error("--predictors",
-              "unknown predictor '{}' (known: u3m-seq, u3m, lru, markov-reuse, "
-              "trace-replay, oracle)",
-              name);
+              "unknown predictor '{}' (known: u3m, design-ema, lru, markov-reuse, "
+              "trace-replay, oracle; u3m-seq is an old name of u3m)",
+              requested);
 }
 
 }  // namespace u3m::predict

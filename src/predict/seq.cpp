@@ -1,4 +1,4 @@
-// u3m-seq: the default predictor.
+// u3m (formerly "u3m-seq"): the default predictor.
 //
 // Note [u3m-seq]
 // Mixed training+serving streams are interleavings of a few jobs, and each
@@ -57,7 +57,7 @@
 
 namespace u3m::predict {
 
-SeqPredictor::SeqPredictor(SeqParams p) : p_(p) {}
+SeqPredictor::SeqPredictor(SeqParams p) : p_(p), mode_(p.mode) {}
 
 SeqPredictor::Job& SeqPredictor::job(std::uint32_t j) {
   if (j >= jobs_.size()) jobs_.resize(j + 1);
@@ -160,6 +160,7 @@ void SeqPredictor::begin_step(const Access& a) {
     if (run_job_ != UINT32_MAX) {
       Job& prev = jobs_[run_job_];
       prev.last_run = run_len_;
+      prev.prev_run_iters = prev.last_run_iters;
       prev.last_run_iters = run_iters_;
       prev.prev_aligned = prev.last_aligned;
       prev.last_aligned = run_aligned_;
@@ -167,6 +168,11 @@ void SeqPredictor::begin_step(const Access& a) {
     }
     run_job_ = a.job;
     run_len_ = 0;
+    run_iters_ = 0;
+    run_aligned_ = false;
+  }
+  if (p_.mode_detector && mode_.step(a.cls, a.time_ns)) {
+    run_len_ = 0;  // a new mode: its length so far says nothing
     run_iters_ = 0;
     run_aligned_ = false;
   }
@@ -293,16 +299,19 @@ void SeqPredictor::step_done() {
     // that this step did not touch has been replaced (e.g. serving
     // activations whose batch changed): the record's other transients are
     // stale too.
+    // Most of them, not one: a trace whose naming is not quite stable (a
+    // hidden result of an ET op renamed by a recycled storage id) must not
+    // make the rest of the iteration look replaced.
     const Record& r = jb.records[step_rec_];
     const Slot& sl = r.slots[step_pos_];
+    std::uint32_t transients = 0, untouched = 0;
     for (std::uint32_t k = sl.begin; k < sl.end; ++k) {
       const std::uint32_t e = r.entries[k];
-      if (e & kGroupBit) continue;
-      if (ts_[e].alloc_iter == r.iter_count && ts_[e].step_stamp != step_) {
-        jb.shape_changed = true;
-        break;
-      }
+      if (e & kGroupBit || ts_[e].alloc_iter != r.iter_count) continue;
+      ++transients;
+      untouched += ts_[e].step_stamp != step_;
     }
+    if (untouched > 0 && 2 * untouched >= transients) jb.shape_changed = true;
   }
   Record& rec = jb.cur;
   for (std::uint32_t t : step_tensors_) rec.entries.push_back(t);
@@ -374,6 +383,8 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
       return {horizon, -1};  // alone so far, or the interleaving changed: it goes on
     if (jb.last_aligned && jb.prev_aligned && (!current || run_aligned_) && cursors_[j].rec >= 0) {
       std::int64_t left = std::int64_t(jb.last_run_iters) - (current ? run_iters_ : 0);
+      if (p_.steady_runs_only && current && jb.last_run_iters != jb.prev_run_iters)
+        return {horizon, -1};  // run lengths vary: it goes on
       return {horizon, left < 0 ? -1 : left};
     }
     return {jb.last_run > done ? jb.last_run - done : 0, -1};
@@ -483,31 +494,34 @@ void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predi
     for (std::uint64_t s = win_base_; s < end; ++s, i = next(i)) release(win_[i]);
   }
   win_base_ = now;
-  plan_.resize(horizon);
-  for (Plan& x : plan_) x = Plan{};
-  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
-    plan_[ahead] = {{r.version, pos, jb.shape_changed && &r != &jb.cur}, &jb, &r};
-  });
-  const std::size_t first = horizon > 0 ? now % horizon : 0;           // ring slot of step `now`
-  for (std::size_t a = 0, i = first; a < horizon; ++a, i = next(i)) {  // release what changed
-    WinSlot& w = win_[i];
-    if (!(w.key == plan_[a].key)) release(w);
-  }
-  for (std::size_t a = 0, i = first; a < horizon; ++a, i = next(i)) {
-    WinSlot& w = win_[i];
-    const Plan& pl = plan_[a];
-    if (w.key == pl.key && w.filled) continue;
-    w.key = pl.key;
+  // One pass: each step ahead the plan lands on is compared with the kept
+  // slot as the walk visits it (a tensor moving from one slot to another is
+  // neither entered nor left: win_left_ marks what fell to 0 in this call).
+  const std::size_t first = horizon > 0 ? now % horizon : 0;  // ring slot of step `now`
+  std::size_t ring = first;
+  std::uint32_t expect = 0;  // the next step ahead to settle
+  auto settle = [&](std::uint32_t a, const WinKey& key, const Job* jb, const Record* r) {
+    WinSlot& w = win_[ring];
+    ring = next(ring);
+    expect = a + 1;
+    if (w.key == key && w.filled) return;
+    release(w);
+    w.key = key;
     w.filled = true;
-    if (!pl.rec) continue;
+    if (!r) return;
     new_stamp();
     scratch_.clear();
-    emit_slot(*pl.job, *pl.rec, pl.rec->slots[pl.key.pos], static_cast<std::uint32_t>(a), scratch_);
+    emit_slot(*jb, *r, r->slots[key.pos], a, scratch_);
     for (const Predicted& p : scratch_) {
       w.tensors.push_back(p.tensor);
       if (win_cnt_[p.tensor]++ == 0 && win_left_[p.tensor] != win_call_) entered.push_back(p);
     }
-  }
+  };
+  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
+    while (expect < ahead) settle(expect, WinKey{}, nullptr, nullptr);  // nothing lands there
+    settle(ahead, {r.version, pos, jb.shape_changed && &r != &jb.cur}, &jb, &r);
+  });
+  while (expect < horizon) settle(expect, WinKey{}, nullptr, nullptr);
   for (std::uint32_t t : win_zero_)  // fell to 0 and stayed there
     if (win_cnt_[t] == 0 && win_left_[t] == win_call_) {
       left.push_back(t);

@@ -8,7 +8,7 @@ namespace u3m::predict {
 
 using trace::OpClass;
 
-U3mEmaPredictor::U3mEmaPredictor(U3mEmaParams p) : p_(p) {}
+U3mEmaPredictor::U3mEmaPredictor(U3mEmaParams p) : p_(p), mode_(p.mode) {}
 
 void U3mEmaPredictor::observe(const Access& a) {
   track_time(a);
@@ -16,14 +16,8 @@ void U3mEmaPredictor::observe(const Access& a) {
   if (!any_ || a.step != cur_step_) {
     any_ = true;
     cur_step_ = a.step;
-    // Mode detector: one op per step, tumbling windows of mode_window_ops.
-    ++win_ops_;
-    if (a.cls == OpClass::matmul) ++win_mm_;
-    if (a.cls == OpClass::attn_prefill || a.cls == OpClass::attn_decode) ++win_attn_;
-    if (win_ops_ >= p_.mode_window_ops) {
-      detect_mode(a.time_ns);
-      win_ops_ = win_mm_ = win_attn_ = 0;
-    }
+    // Mode detector: one op per step; a switch resets all EMA state.
+    if (mode_.step(a.cls, a.time_ns)) reset_state(a.time_ns);
   }
   if (a.tensor >= ts_.size()) ts_.resize(a.tensor + 1);
   TensorState& s = ts_[a.tensor];
@@ -111,32 +105,6 @@ void U3mEmaPredictor::predict(std::uint32_t horizon, std::vector<Predicted>& out
     }
     return true;
   });
-}
-
-void U3mEmaPredictor::detect_mode(std::uint64_t now) {
-  double ratio = (win_mm_ + 1.0) / (win_attn_ + 1.0);
-  if (ref_ratio_ < 0) {  // first window, or the first after a switch: the new reference
-    ref_ratio_ = ratio;
-    return;
-  }
-  if (std::abs(ratio - ref_ratio_) <= p_.mode_change * ref_ratio_) return;
-  if (locked(now)) {
-    ++suppressed_;
-    return;
-  }
-  while (!switch_times_.empty() && switch_times_.front() + p_.guard_period_ns <= now)
-    switch_times_.pop_front();
-  if (switch_times_.size() >= p_.guard_max_switches) {
-    // Thrash guard: a third switch within the period locks the mode.
-    locked_until_ = now + p_.lock_ns;
-    ++guard_locks_;
-    ++suppressed_;
-    return;
-  }
-  switch_times_.push_back(now);
-  ++switches_;
-  reset_state(now);
-  ref_ratio_ = -1;
 }
 
 void U3mEmaPredictor::reset_state(std::uint64_t now) {

@@ -248,6 +248,8 @@ struct Node {
   bool has_schema_field = false;
   std::string_view name;
   std::string_view schema;  // op_schema; empty for record_function ranges
+  std::int64_t seq_id = -1;  // autograd sequence number: >= 0 when the op recorded a gradient graph
+  bool has_seq = false;
   dom::element el;
   std::uint32_t doc_index = 0;  // position in the "nodes" array, for errors
 };
@@ -277,6 +279,19 @@ struct TensorInfo {
   bool sqrt_in_opt = false;
   std::uint8_t read = 0, written = 0;  // PhaseBit masks
   std::uint32_t last_use = 0;          // op index of the latest access
+  std::uint32_t job = 0;               // of the op that named it
+  bool scalar_state = false;  // a CPU scalar written in place (not a constant)
+  bool hidden = false;        // a hidden result of a nested op (".inner")
+  bool used_later = false;    // accessed by an op other than one producing it
+  std::uint32_t made_ctx = UINT32_MAX;  // context of its latest production
+  bool persistent = false;  // produced, and used in a later iteration than the one that made it
+  bool kv = false;          // produced by a model call and used by a later one (a KV cache)
+  // Optimizer state (Note [Optimizer state in ETs]).
+  std::uint8_t state_kind = 0;
+  std::uint32_t state_param = UINT32_MAX;
+  std::uint32_t first_opt_op = UINT32_MAX;       // first optimizer op that reads it
+  std::uint32_t list_op = UINT32_MAX;            // first optimizer op that has it in a list
+  std::int32_t list_elem = -1;                   // at this position
 };
 
 struct Access {
@@ -335,7 +350,9 @@ class Importer {
   void read_header(dom::element root);
   void read_nodes(dom::array nodes);
   void find_iterations();
+  void find_contexts();
   void walk();
+  [[noreturn]] void no_operators() const;
   void import_op(std::size_t i);
   void scan_nested(std::size_t i);
   void read_args(const Node& n, bool outputs, std::vector<Arg>& args);
@@ -345,7 +362,9 @@ class Importer {
   double flops(const Node& n);
   std::uint32_t tensor_named(std::string&& name, const Arg& a);
   void access(std::uint32_t t, EventKind kind, std::uint64_t bytes, std::uint8_t phase_bit);
-  void end_iteration();
+  void optimizer_facts(const Node& n);
+  void compute_lifetimes();
+  void name_optimizer_state();
   Role role_of(const TensorInfo& t) const;
   void emit(TraceSink& out);
 
@@ -358,13 +377,22 @@ class Importer {
   std::vector<Node> nodes_;  // sorted by id, which is execution order
   std::vector<NodeState> state_;
   std::vector<std::int64_t> parent_pos_;  // position of each node's parent, -1 for none
-  std::vector<std::int64_t> boundaries_;  // ids that start iterations 1, 2, ...
   std::string iteration_rule_;
+  // An iteration of a job, from the node with id first_id on (Note [ET jobs and iterations]).
+  struct Ctx {
+    std::int64_t first_id;
+    std::uint32_t job, iteration;
+    Phase phase;  // forward for training; prefill or decode for a model call
+  };
+  std::vector<Ctx> ctx_;
+  std::vector<std::string> jobs_;
+  std::uint32_t cur_ctx_ = 0;
+  bool last_outer_embedding_ = false, segment_saw_embedding_ = false;
 
-  // Per iteration: storage id -> logical tensor, and sibling ordinals.
+  // Storage id -> logical tensor, kept across iterations (Note [Lifetimes in
+  // ET imports]); sibling ordinals, reset every iteration.
   std::unordered_map<std::int64_t, std::uint32_t> binding_;
   std::unordered_map<std::string, std::uint32_t> ordinals_;
-  std::vector<std::uint32_t> produced_;  // tensors produced in the current iteration
 
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, std::uint32_t> by_name_;
@@ -372,13 +400,22 @@ class Importer {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> op_events_;  // [begin, end) in events_
   std::vector<Access> events_;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> frees_;  // (op, tensor)
-  std::uint32_t iteration_ = 0;
+  std::vector<std::uint32_t> op_ctx_;                            // context of each op
+  std::vector<bool> drop_;  // events_ left out: an alloc of a tensor still live
+  // Optimizer-phase writes in op order (op, tensor, list element), for linking state to params.
+  struct OptWrite {
+    std::uint32_t op, tensor;
+    std::int32_t elem;
+  };
+  std::vector<OptWrite> opt_writes_;
   std::size_t view_ops_skipped_ = 0;
 
   // Scratch buffers reused across ops.
   std::vector<Arg> ins_, outs_;
   std::vector<std::uint32_t> in_tensor_;  // logical tensor of each entry of ins_
   std::vector<Arg> inner_, nested_in_, nested_out_;
+  std::vector<std::string> inner_names_;  // name suffix of each entry of inner_
+  std::unordered_map<std::string_view, std::uint32_t> nested_ord_;
   std::uint64_t nested_writes_ = 0;
   std::vector<std::uint32_t> stack_;
   std::vector<std::uint32_t> child_begin_, children_;  // children of node i: CSR form
@@ -403,7 +440,24 @@ void Importer::run(TraceSink& out) {
   read_nodes(nodes);
   find_iterations();
   walk();
+  if (ops_.empty()) no_operators();
+  compute_lifetimes();
+  name_optimizer_state();
   emit(out);
+}
+
+// A trace with nothing to import is an error, not an empty trace: most
+// likely a capture that stopped before the program ran, or a cut file.
+void Importer::no_operators() const {
+  if (nodes_.empty()) input_error(source_, "field 'nodes' is empty: no operator to import");
+  const Node& n = nodes_.front();
+  if (nodes_.size() == 1 && n.has_parent && n.parent == n.id)
+    input_error(source_, "node id {} ('{}') is its own parent and the only node: no operator to import",
+                n.id, n.name);
+  input_error(source_,
+              "none of its {} nodes is an operator (a node with a non-empty op_schema, or named "
+              "aten::/c10d:: without one): nothing to import",
+              nodes_.size());
 }
 
 void Importer::read_header(dom::element root) {
@@ -449,11 +503,18 @@ void Importer::read_nodes(dom::array nodes) {
       n.parent = *p;
       n.has_parent = true;
     }
+    auto read_seq = [&](dom::element sv) {
+      if (auto q = as_int(sv)) {
+        n.seq_id = *q;
+        n.has_seq = true;
+      }
+    };
     if (layout_ == Layout::flat) {
       if (e.at_key("op_schema").get(v) == simdjson::SUCCESS) {
         if (v.get_string().get(n.schema)) node_error(n, "field 'op_schema' must be a string");
         n.has_schema_field = true;
       }
+      if (e.at_key("seq_id").get(v) == simdjson::SUCCESS) read_seq(v);
     } else if (e.at_key("attrs").get(v) == simdjson::SUCCESS) {
       dom::array attrs;
       if (v.get_array().get(attrs)) node_error(n, "field 'attrs' must be an array");
@@ -462,6 +523,7 @@ void Importer::read_nodes(dom::array nodes) {
         dom::element av;
         if (!a.is_object() || a.at_key("name").get(av) || av.get_string().get(an))
           node_error(n, "each entry of 'attrs' must be an object with a string 'name'");
+        if (an == "seq_id" && a.at_key("value").get(av) == simdjson::SUCCESS) read_seq(av);
         if (an != "op_schema") continue;
         if (a.at_key("value").get(av) || av.get_string().get(n.schema))
           node_error(n, "attrs 'op_schema' needs a string 'value'");
@@ -490,39 +552,6 @@ void Importer::find_iterations() {
   std::unordered_map<std::int64_t, std::size_t> index;
   index.reserve(nodes_.size());
   for (std::size_t i = 0; i < nodes_.size(); ++i) index.emplace(nodes_[i].id, i);
-  auto top_level = [&](const Node& n) {
-    if (is_framework_node(n.name)) return false;
-    if (!n.has_parent || n.parent == n.id) return true;
-    auto it = index.find(n.parent);
-    return it == index.end() || is_framework_node(nodes_[it->second].name);
-  };
-  for (const Node& n : nodes_)
-    if (is_step_marker(n.name)) boundaries_.push_back(n.id);
-  if (!boundaries_.empty()) {
-    iteration_rule_ = "ProfilerStep# ranges";
-  } else {
-    // The first top-level record_function range that recurs marks the start
-    // of each iteration (e.g. "## forward ##" in a fwd/bwd/opt loop).
-    std::vector<const Node*> ranges;
-    std::unordered_map<std::string_view, int> count;
-    for (const Node& n : nodes_) {
-      if (!top_level(n) || is_operator(n) || is_backward_range(n.name)) continue;
-      ranges.push_back(&n);
-      ++count[n.name];
-    }
-    for (const Node* r : ranges) {
-      if (count[r->name] < 2) continue;
-      for (const Node* q : ranges)
-        if (q->name == r->name) boundaries_.push_back(q->id);
-      iteration_rule_ = fmt::format("repeated top-level range '{}'", r->name);
-      break;
-    }
-    if (boundaries_.empty()) iteration_rule_ = "none found: one iteration";
-  }
-  // Nodes before the first boundary belong to iteration 0, so the first
-  // boundary itself does not start a new one.
-  if (!boundaries_.empty()) boundaries_.erase(boundaries_.begin());
-
   // Parents as positions; a parent that does not precede its child (corrupt
   // input) is ignored so the walk below never sees an unprocessed parent.
   state_.resize(nodes_.size());
@@ -542,17 +571,296 @@ void Importer::find_iterations() {
   for (std::size_t i = 0; i < nodes_.size(); ++i)  // ascending i keeps children in id order
     if (parent_pos_[i] >= 0)
       children_[fill[static_cast<std::size_t>(parent_pos_[i])]++] = static_cast<std::uint32_t>(i);
+  find_contexts();
+}
+
+// Note [ET jobs and iterations]
+// An ET has no notion of job: a program that trains and generates writes one
+// stream. The stream is cut into *items*: the top-level nodes of each thread
+// (children of a thread root; a ProfilerStep# range is looked through, its
+// start remembered). An item is
+// - training if it holds backward (autograd::engine ranges), an optimizer
+//   range (Optimizer.step#/zero_grad#), or an operator that recorded an
+//   autograd graph (seq_id >= 0: grad mode was on and it had inputs that
+//   require grad);
+// - inference if it holds model work (a matmul, convolution, attention or
+//   embedding op) and none of that: run under no_grad or inference_mode, and
+//   no backward follows it;
+// - neutral otherwise (drawing a batch, a prompt, logging), and then belongs
+//   to the next item that is not neutral.
+// Consecutive items of one kind form a segment; training segments are job
+// `opt.job`, inference segments job `opt.infer_job`. A segment starts an
+// iteration of its job. Within a training segment an iteration also starts at
+// each ProfilerStep#, else after each Optimizer.step# range (the step ends an
+// iteration, so gradient accumulation stays inside one), else at each
+// occurrence of the first repeated top-level range. Within an inference
+// segment an iteration (a model call) starts at each ProfilerStep# and at each
+// `aten::embedding` that begins a run of lookups (a language model's forward
+// begins with its token embedding); the first call is the prefill, the others
+// decode steps. Items of a thread that only runs autograd (the backward thread
+// of a CUDA program) belong to the iteration running when they start (by id),
+// so backward is merged into its iteration. Without seq_id (grad mode
+// unknown) nothing is taken for inference.
+void Importer::find_contexts() {
+  const std::size_t n = nodes_.size();
+  auto is_thread_root = [&](const Node& x) {
+    return is_framework_node(x.name) && x.name.find("thread") != std::string_view::npos;
+  };
+  // Items, and the ProfilerStep# that precedes each.
+  std::vector<std::int64_t> item_of(n, -1);
+  std::vector<bool> step_start(n, false), is_item(n, false);
+  std::vector<std::int64_t> root_of(n, -1);  // the thread root above each item
+  bool pending_step = false, have_steps = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Node& x = nodes_[i];
+    const std::int64_t p = parent_pos_[i];
+    if (is_framework_node(x.name)) continue;
+    const bool parent_is_root = p < 0 || is_framework_node(nodes_[p].name);
+    if (is_step_marker(x.name) && parent_is_root) {
+      pending_step = have_steps = true;
+      continue;
+    }
+    const bool parent_is_step = p >= 0 && is_step_marker(nodes_[p].name);
+    if (parent_is_root || parent_is_step) {
+      is_item[i] = true;
+      item_of[i] = static_cast<std::int64_t>(i);
+      if (pending_step) step_start[i] = true, pending_step = false;
+      std::int64_t r = p;
+      while (r >= 0 && !is_thread_root(nodes_[r])) r = parent_pos_[r];
+      root_of[i] = r;
+    } else {
+      item_of[i] = item_of[p];
+    }
+  }
+  // Flags per item, from its subtree.
+  enum : std::uint8_t { kBwdF = 1, kOptF = 2, kGradF = 4, kModelF = 8, kZeroF = 16, kStepF = 32 };
+  std::vector<std::uint8_t> flags(n, 0);
+  std::vector<bool> in_opt(n, false);
+  bool grad_known = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Node& x = nodes_[i];
+    const std::int64_t p = parent_pos_[i];
+    in_opt[i] = (p >= 0 && in_opt[p]) || is_optimizer_range(x.name);
+    if (item_of[i] < 0) continue;
+    std::uint8_t& f = flags[item_of[i]];
+    if (is_backward_range(x.name)) f |= kBwdF;
+    if (x.name.starts_with("Optimizer.step#")) f |= kOptF | kStepF;
+    if (x.name.starts_with("Optimizer.zero_grad#")) f |= kOptF | kZeroF;
+    // seq_id >= 0 on an operator, or on a custom autograd Function's range
+    // (activation checkpointing runs its forward under no_grad inside one).
+    if (x.has_seq && x.seq_id >= 0) {
+      grad_known = true;
+      if (!in_opt[i]) f |= kGradF;
+    }
+    if (!is_operator(x)) continue;
+    const OpClass c = classify_op(x.name, Phase::forward);
+    if (c == OpClass::matmul || c == OpClass::attn_prefill || c == OpClass::embedding) f |= kModelF;
+  }
+  // Threads that run only autograd: their items follow the iteration by id.
+  std::unordered_map<std::int64_t, std::pair<std::size_t, std::size_t>> per_root;  // (autograd, all)
+  for (std::size_t i = 0; i < n; ++i)
+    if (is_item[i]) {
+      auto& c = per_root[root_of[i]];
+      c.first += is_backward_range(nodes_[i].name);
+      ++c.second;
+    }
+  std::vector<std::size_t> items;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!is_item[i]) continue;
+    const auto& c = per_root[root_of[i]];
+    if (root_of[i] >= 0 && c.first == c.second) continue;  // a backward thread
+    items.push_back(i);
+  }
+  enum Kind : std::uint8_t { kNeutral, kTrain, kInfer };
+  std::vector<Kind> kind(items.size(), kNeutral);
+  bool any_infer = false;
+  // A trace with no backward and no optimizer at all is inference only, seq_id or not.
+  const bool no_training = std::none_of(items.begin(), items.end(), [&](std::size_t i) {
+    return flags[i] & (kBwdF | kOptF);
+  }) && std::none_of(flags.begin(), flags.end(), [&](std::uint8_t f) { return f & kBwdF; });
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    const std::uint8_t f = flags[items[k]];
+    if (f & (kBwdF | kOptF | kGradF))
+      kind[k] = kTrain;
+    else if ((f & kModelF) && (grad_known || no_training))
+      kind[k] = kInfer, any_infer = true;
+  }
+  std::vector<std::int64_t> backward_ids;  // ascending, as nodes_ is
+  for (const Node& x : nodes_)
+    if (is_backward_range(x.name)) backward_ids.push_back(x.id);
+  // "No backward after them": a forward that recorded an autograd graph but
+  // is followed by no backward or optimizer step (generation left with grad
+  // mode on) is inference too.
+  for (std::size_t k = 0; k < items.size();) {
+    const std::uint8_t f = flags[items[k]];
+    if (kind[k] != kTrain || (f & (kBwdF | kOptF))) {
+      ++k;
+      continue;
+    }
+    std::size_t e = k;
+    bool model = false;
+    while (e < items.size() && kind[e] != kInfer && !(flags[items[e]] & (kBwdF | kOptF))) {
+      model |= (flags[items[e]] & kModelF) != 0;
+      ++e;
+    }
+    // The backward of a CUDA program runs on another thread: it follows by id.
+    bool backward_follows = e < items.size() && kind[e] != kInfer;
+    const std::int64_t to =
+        e < items.size() ? nodes_[items[e]].id : std::numeric_limits<std::int64_t>::max();
+    auto b = std::upper_bound(backward_ids.begin(), backward_ids.end(), nodes_[items[k]].id);
+    backward_follows |= b != backward_ids.end() && *b < to;
+    if (!backward_follows && model)
+      for (std::size_t q = k; q < e; ++q)
+        if (kind[q] == kTrain) kind[q] = kInfer, any_infer = true;
+    k = e;
+  }
+  // Neutral items join the next item that is not neutral (the last ones, the one before).
+  Kind next = kTrain;
+  for (std::size_t k = items.size(); k-- > 0;)
+    if (kind[k] != kNeutral) {
+      next = kind[k];
+      break;
+    }
+  for (std::size_t k = items.size(); k-- > 0;)
+    if (kind[k] == kNeutral)
+      kind[k] = next;
+    else
+      next = kind[k];
+  if (!any_infer)
+    for (Kind& k : kind) k = kTrain;
+  // Jobs in order of first appearance.
+  int job_of_kind[3] = {-1, -1, -1};
+  auto job_for = [&](Kind k) {
+    if (job_of_kind[k] < 0) {
+      job_of_kind[k] = static_cast<int>(jobs_.size());
+      jobs_.push_back(k == kInfer ? opt_.infer_job : opt_.job);
+    }
+    return static_cast<std::uint32_t>(job_of_kind[k]);
+  };
+  const bool have_opt = std::any_of(items.begin(), items.end(),
+                                    [&](std::size_t i) { return flags[i] & kStepF; });
+  // Rule 3 for training: the first top-level range among training items that recurs.
+  std::string_view repeated;
+  if (!have_steps && !have_opt) {
+    std::unordered_map<std::string_view, int> count;
+    std::vector<std::string_view> order;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      const Node& x = nodes_[items[k]];
+      if (kind[k] != kTrain || is_operator(x) || is_backward_range(x.name)) continue;
+      if (count[x.name]++ == 0) order.push_back(x.name);
+    }
+    for (std::string_view r : order)
+      if (count[r] >= 2) {
+        repeated = r;
+        break;
+      }
+  }
+  iteration_rule_ = have_steps ? "ProfilerStep# ranges"
+                    : have_opt ? "after each Optimizer.step# range"
+                    : !repeated.empty()
+                        ? fmt::format("repeated top-level range '{}'", repeated)
+                        : std::string("none found: one iteration per segment");
+  if (any_infer)
+    iteration_rule_ +=
+        "; inference segments (no autograd graph, no backward): one iteration per model call";
+  std::vector<std::uint32_t> iters;
+  Kind cur = kNeutral;
+  std::vector<bool> substantive;  // the context holds model, backward or optimizer work
+  auto start_ctx = [&](std::size_t pos, Kind k, Phase ph) {
+    const std::uint32_t j = job_for(k);
+    if (iters.size() <= j) iters.resize(j + 1, 0);
+    ctx_.push_back({nodes_[pos].id, j, iters[j]++, ph});
+    substantive.push_back(ph == Phase::decode);
+  };
+  // Positions of the outermost operators, for the inference model-call split.
+  std::vector<bool> under_op(n, false);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t p = parent_pos_[i];
+    under_op[i] = p >= 0 && (under_op[p] || is_operator(nodes_[p]));
+  }
+  // After an Optimizer.step#, the next iteration starts after the zero_grad
+  // that follows it, if one does before any backward or autograd-recording
+  // item (the loop's step-then-zero_grad), else at the first item after it.
+  std::vector<bool> opt_start(items.size(), false);
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    if (!(flags[items[k]] & kStepF)) continue;
+    std::size_t at = k + 1;
+    for (std::size_t q = k + 1; q < items.size(); ++q) {
+      const std::uint8_t f = flags[items[q]];
+      if (f & (kBwdF | kGradF | kStepF)) break;
+      if (f & kZeroF) at = q + 1;
+    }
+    if (at < items.size()) opt_start[at] = true;
+  }
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    const std::size_t i = items[k];
+    const Node& x = nodes_[i];
+    bool start = kind[k] != cur;
+    if (!start && kind[k] == kTrain) {
+      if (have_steps)
+        start = step_start[i];
+      else if (have_opt)
+        start = opt_start[k];
+      else if (!repeated.empty())
+        start = !is_operator(x) && x.name == repeated;
+    } else if (!start) {
+      start = have_steps && step_start[i];
+    }
+    if (start) start_ctx(i, kind[k], kind[k] == kInfer ? Phase::prefill : Phase::forward);
+    if (!ctx_.empty() && (flags[i] & (kBwdF | kOptF | kGradF | kModelF))) substantive.back() = true;
+    cur = kind[k];
+    if (kind[k] != kInfer) continue;
+    // Model calls inside this item: every aten::embedding that follows a
+    // non-embedding outermost op of the same segment, after the first.
+    const std::size_t end = k + 1 < items.size() ? items[k + 1] : n;
+    bool prev_embedding = false, seen_embedding = false;
+    if (!start) {  // continuing a segment: keep the state of the previous item
+      prev_embedding = last_outer_embedding_;
+      seen_embedding = segment_saw_embedding_;
+    }
+    for (std::size_t q = i; q < end; ++q) {
+      if (item_of[q] != static_cast<std::int64_t>(i) || !is_operator(nodes_[q]) || under_op[q])
+        continue;
+      const bool emb = nodes_[q].name == "aten::embedding";
+      if (emb && !prev_embedding && seen_embedding) start_ctx(q, kInfer, Phase::decode);
+      if (emb) seen_embedding = true;
+      prev_embedding = emb;
+    }
+    last_outer_embedding_ = prev_embedding;
+    segment_saw_embedding_ = seen_embedding;
+  }
+  // A context with nothing but bookkeeping (the handle a profiler range
+  // allocates just before the range) is not an iteration: it joins the next.
+  std::vector<Ctx> kept;
+  std::fill(iters.begin(), iters.end(), 0);
+  std::int64_t carry = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t c = 0; c < ctx_.size(); ++c) {
+    if (!substantive[c] && c + 1 < ctx_.size() && ctx_[c + 1].job == ctx_[c].job) {
+      carry = std::min(carry, ctx_[c].first_id);
+      continue;
+    }
+    Ctx x = ctx_[c];
+    x.first_id = std::min(x.first_id, carry);
+    carry = std::numeric_limits<std::int64_t>::max();
+    x.iteration = iters[x.job]++;
+    kept.push_back(x);
+  }
+  ctx_ = std::move(kept);
+  if (ctx_.empty()) {
+    job_for(kTrain);
+    ctx_.push_back({std::numeric_limits<std::int64_t>::min(), 0, 0, Phase::forward});
+  }
+  ctx_.front().first_id = std::numeric_limits<std::int64_t>::min();  // what precedes belongs to it
 }
 
 void Importer::walk() {
-  std::size_t next_boundary = 0;
+  std::size_t c = 0;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
-    while (next_boundary < boundaries_.size() && n.id >= boundaries_[next_boundary]) {
-      end_iteration();
-      ++iteration_;
-      ++next_boundary;
-    }
+    std::size_t was = c;
+    while (c + 1 < ctx_.size() && n.id >= ctx_[c + 1].first_id) ++c;
+    if (c != was) ordinals_.clear();  // names restart with every iteration
+    cur_ctx_ = static_cast<std::uint32_t>(c);
     NodeState& st = state_[i];
     const NodeState* parent = parent_pos_[i] >= 0 ? &state_[parent_pos_[i]] : nullptr;
     if (parent && parent->inside_op) {
@@ -582,7 +890,6 @@ void Importer::walk() {
       import_op(i);
     }
   }
-  end_iteration();
 }
 
 void Importer::read_tensor(const Node& n, std::string_view field, dom::element v,
@@ -761,6 +1068,44 @@ double Importer::flops(const Node& n) {
   return 0;
 }
 
+// Calls arg(text, slot) for each argument of an operator schema
+// ("aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> ..."),
+// "*" (the keyword-only marker) skipped; returns the position of the closing
+// parenthesis, or npos.
+template <typename F>
+std::size_t for_each_schema_arg(std::string_view s, F&& arg) {
+  auto open = s.find('(');
+  if (open == std::string_view::npos) return std::string_view::npos;
+  int depth = 0;
+  std::size_t start = open + 1;
+  std::uint32_t slot = 0;
+  for (std::size_t i = open + 1; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '(' || c == '[') ++depth;
+    if ((c == ')' || c == ']') && depth > 0) {
+      --depth;
+      continue;
+    }
+    if ((c == ',' || c == ')') && depth == 0) {
+      std::string_view text = s.substr(start, i - start);
+      while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+      if (text != "*" && !text.empty()) arg(text, slot++);
+      start = i + 1;
+      if (c == ')') return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// The argument names of an operator schema, by slot ("self", "tensor1", ...).
+void schema_arg_names(std::string_view s, std::vector<std::string_view>& out) {
+  out.clear();
+  for_each_schema_arg(s, [&](std::string_view text, std::uint32_t) {
+    if (auto eq = text.find('='); eq != std::string_view::npos) text = text.substr(0, eq);
+    out.push_back(text.substr(text.rfind(' ') + 1));
+  });
+}
+
 // Slots an operator writes in place, from "Tensor(a!)" in its schema.
 std::uint64_t mutated_slots(const Node& n, bool* writes_returns) {
   std::uint64_t mask = 0;
@@ -771,33 +1116,10 @@ std::uint64_t mutated_slots(const Node& n, bool* writes_returns) {
     if (n.name.ends_with("_")) mask = 1, *writes_returns = true;
     return mask;
   }
-  auto open = s.find('(');
-  if (open == std::string_view::npos) return 0;
-  int depth = 0;
-  std::size_t arg_start = open + 1, close = s.size();
-  std::uint32_t slot = 0;
-  for (std::size_t i = open + 1; i < s.size(); ++i) {
-    char c = s[i];
-    if (c == '(' || c == '[') ++depth;
-    if ((c == ')' || c == ']') && depth > 0) {
-      --depth;
-      continue;
-    }
-    if ((c == ',' || c == ')') && depth == 0) {
-      std::string_view arg = s.substr(arg_start, i - arg_start);
-      while (!arg.empty() && arg.front() == ' ') arg.remove_prefix(1);
-      if (arg != "*" && !arg.empty()) {  // "*" separates keyword-only args; not a value
-        if (arg.find("!)") != std::string_view::npos && slot < 64) mask |= std::uint64_t{1} << slot;
-        ++slot;
-      }
-      arg_start = i + 1;
-      if (c == ')') {
-        close = i;
-        break;
-      }
-    }
-  }
-  if (close < s.size() && s.substr(close).find('!') != std::string_view::npos)
+  const std::size_t close = for_each_schema_arg(s, [&](std::string_view text, std::uint32_t slot) {
+    if (text.find("!)") != std::string_view::npos && slot < 64) mask |= std::uint64_t{1} << slot;
+  });
+  if (close != std::string_view::npos && s.substr(close).find('!') != std::string_view::npos)
     *writes_returns = true;
   return mask;
 }
@@ -809,6 +1131,7 @@ std::uint32_t Importer::tensor_named(std::string&& name, const Arg& a) {
     TensorInfo t;
     t.name = it->first;
     t.dtype = a.dtype;
+    t.job = ctx_[cur_ctx_].job;
     tensors_.push_back(std::move(t));
   }
   return it->second;
@@ -841,6 +1164,8 @@ std::string slot_name(const char* dir, const Arg& a) {
 // operators make to i's inputs (nested_writes_, a bit per position in ins_).
 void Importer::scan_nested(std::size_t i) {
   inner_.clear();
+  inner_names_.clear();
+  nested_ord_.clear();
   nested_writes_ = 0;
   stack_.assign(children_.begin() + child_begin_[i], children_.begin() + child_begin_[i + 1]);
   std::reverse(stack_.begin(), stack_.end());
@@ -855,6 +1180,9 @@ void Importer::scan_nested(std::size_t i) {
     const Node& n = nodes_[d];
     read_args(n, false, nested_in_);
     read_args(n, true, nested_out_);
+    std::string_view short_name = n.name;
+    if (short_name.starts_with("aten::")) short_name.remove_prefix(6);
+    const std::uint32_t ord = nested_ord_[short_name]++;
     bool ignored = false;
     if (std::uint64_t m = mutated_slots(n, &ignored)) {
       for (const Arg& a : nested_in_) {
@@ -868,10 +1196,11 @@ void Importer::scan_nested(std::size_t i) {
     for (const Arg& o : nested_out_) {
       // Skip aliases of the nested op's own inputs and storages already seen.
       if (nested_in_storages_.count(o.storage) || !seen_.insert(o.storage).second) continue;
-      Arg a = o;
-      a.slot = static_cast<std::uint32_t>(inner_.size());
-      a.elem = -1;
-      inner_.push_back(a);
+      // Named by the nested op and its result slot, not by a running count:
+      // a recycled storage id that hides one hidden result must not rename the others.
+      inner_names_.push_back(ord ? fmt::format(".inner.{}#{}.out{}", short_name, ord, o.slot)
+                                 : fmt::format(".inner.{}.out{}", short_name, o.slot));
+      inner_.push_back(o);
     }
   }
 }
@@ -881,7 +1210,12 @@ void Importer::import_op(std::size_t i) {
   const NodeState& st = state_[i];
   read_args(n, false, ins_);
   read_args(n, true, outs_);
-  Phase ctx = st.backward ? Phase::backward : st.optimizer ? Phase::optimizer : Phase::forward;
+  const Ctx& cx = ctx_[cur_ctx_];
+  const bool infer = cx.phase == Phase::prefill || cx.phase == Phase::decode;
+  Phase ctx = st.backward    ? Phase::backward
+              : st.optimizer ? Phase::optimizer
+              : infer        ? cx.phase
+                             : Phase::forward;
   std::uint8_t bit = st.backward ? kBwd : st.optimizer ? kOpt : kFwd;
   OpClass cls = classify_op(n.name, ctx);
   bool writes_returns = false;
@@ -912,21 +1246,25 @@ void Importer::import_op(std::size_t i) {
   op.name = std::string(n.name);
   op.cls = classify_op(n.name, ctx);
   op.phase = op.cls == OpClass::collective ? Phase::collective : ctx;
-  op.job = 0;
-  op.iteration = iteration_;
+  op.job = cx.job;
+  op.iteration = cx.iteration;
   op.flops = flops(n);
 
   acc_.clear();
   acc_index_.clear();
-  const std::string prefix = opt_.job + "." + st.path;
-  auto produce = [&](const char* slot_kind, const Arg& o) {
-    std::uint32_t t = tensor_named(prefix + slot_name(slot_kind, o), o);
+  // A model call's tensors carry its phase: a prefill's activations are not a decode step's.
+  const std::string prefix = jobs_[cx.job] + "." +
+                             (infer ? std::string(to_string(cx.phase)) + "." : std::string()) +
+                             st.path;
+  const auto op_index = static_cast<std::uint32_t>(ops_.size());
+  auto produce = [&](const std::string& suffix, const Arg& o) {
+    std::uint32_t t = tensor_named(prefix + suffix, o);
     TensorInfo& ti = tensors_[t];
     ti.bytes = std::max(ti.bytes, o.extent());
+    ti.made_ctx = cur_ctx_;
     binding_[o.storage] = t;
     access(t, EventKind::alloc, 0, bit);
     access(t, EventKind::write, o.bytes(), bit);
-    produced_.push_back(t);
   };
   bool weight_op =
       op.cls == OpClass::matmul || op.cls == OpClass::norm || op.cls == OpClass::embedding;
@@ -935,12 +1273,20 @@ void Importer::import_op(std::size_t i) {
   for (const Arg& a : ins_) {
     std::uint32_t t;
     auto b = binding_.find(a.storage);
-    if (a.cpu) {
-      // A CPU scalar (wrapped number, lr, 1/world_size): its storage id is
-      // recycled between unrelated scalars, so it is a constant of this op.
+    const bool mutated_here = a.slot < 64 && ((mutated >> a.slot) & 1);
+    // A CPU scalar (wrapped number, lr, 1/world_size): its storage id is
+    // recycled between unrelated scalars, so it is a constant of this op,
+    // unless it is state an op writes in place (an optimizer's step count)
+    // or was made in this iteration (a loss on the CPU).
+    // (The bound tensor must be a scalar too: a wrapped number can land on
+    // the storage id of a scratch buffer freed a moment ago.)
+    const bool bound_scalar = b != binding_.end() && tensors_[b->second].bytes == a.extent() &&
+                              (tensors_[b->second].scalar_state ||
+                               tensors_[b->second].made_ctx == cur_ctx_);
+    if (a.cpu && !mutated_here && !bound_scalar) {
       t = tensor_named(prefix + slot_name("in", a), a);
       tensors_[t].constant = true;
-    } else if (b != binding_.end()) {
+    } else if (b != binding_.end() && (!a.cpu || bound_scalar || mutated_here)) {
       t = b->second;
     } else {
       // Enters the iteration without being produced in it: named after its
@@ -951,8 +1297,9 @@ void Importer::import_op(std::size_t i) {
     }
     in_tensor_.push_back(t);
     TensorInfo& ti = tensors_[t];
+    if (a.cpu && mutated_here) ti.scalar_state = true;
     if (ti.entering || ti.constant) ti.bytes = std::max(ti.bytes, a.extent());
-    if (weight_op && a.slot >= 1 && ctx == Phase::forward) ti.weight_slot = true;
+    if (weight_op && a.slot >= 1 && bit == kFwd) ti.weight_slot = true;
     if (sqrt_op && ctx == Phase::optimizer) ti.sqrt_in_opt = true;
     // A broadcast view can claim more elements than its storage holds.
     access(t, EventKind::read, std::min(a.bytes(), ti.bytes), bit);
@@ -972,17 +1319,31 @@ void Importer::import_op(std::size_t i) {
     }
     // New storage: a tensor produced here. Its storage id may be a recycled
     // one, so it always rebinds.
-    produce("out", o);
+    produce(slot_name("out", o), o);
   }
   // Made by a nested operator and not returned (saved statistics, pooling
   // indices, scratch): produced here under an ".inner<k>" name.
-  for (const Arg& o : inner_) produce("inner", o);
+  for (std::size_t k = 0; k < inner_.size(); ++k) {
+    produce(inner_names_[k], inner_[k]);
+    tensors_[binding_[inner_[k].storage]].hidden = true;
+  }
   std::uint64_t bytes = 0;
   for (const Access& a : acc_) {
     std::uint64_t room = std::numeric_limits<std::uint64_t>::max() - bytes;
     bytes += std::min(a.bytes, room);
   }
   op.bytes = bytes;
+  if (ctx == Phase::optimizer) {
+    for (std::size_t k = 0; k < ins_.size(); ++k) {
+      TensorInfo& ti = tensors_[in_tensor_[k]];
+      if (ti.first_opt_op == UINT32_MAX) ti.first_opt_op = op_index;
+      if (ins_[k].elem >= 0 && ti.list_op == UINT32_MAX) ti.list_op = op_index, ti.list_elem = ins_[k].elem;
+      if ((ins_[k].slot < 64 && (mutated >> ins_[k].slot) & 1))
+        opt_writes_.push_back({op_index, in_tensor_[k], ins_[k].elem});
+    }
+    optimizer_facts(n);
+  }
+  op_ctx_.push_back(cur_ctx_);
   auto begin = static_cast<std::uint32_t>(events_.size());
   // Order inside an op: allocs, reads, writes (times follow the same order).
   for (EventKind k : {EventKind::alloc, EventKind::read, EventKind::write})
@@ -992,12 +1353,198 @@ void Importer::import_op(std::size_t i) {
   ops_.push_back(std::move(op));
 }
 
-void Importer::end_iteration() {
-  // Activations die after their last use in the iteration that made them.
-  for (std::uint32_t t : produced_) frees_.emplace_back(tensors_[t].last_use, t);
-  produced_.clear();
-  binding_.clear();
-  ordinals_.clear();
+// Note [Optimizer state in ETs]
+// An ET has no parameter or state names, but torch.optim's update is
+// recognisable by its data flow inside Optimizer.step#, the same in the
+// single-tensor, foreach (lists, paired by position) and fused forms:
+// - exp_avg: the numerator of addcdiv_(param, exp_avg, denom) (Adam, AdamW,
+//   torch 1.x and 2.x), the self of lerp_(exp_avg, grad) (torch 2.x), or the
+//   `exp_avgs` argument of _fused_adam(w)_;
+// - exp_avg_sq: the self of addcmul_(v, grad, grad), or `exp_avg_sqs`;
+// - max_exp_avg_sq: what maximum(..., out=) writes (AMSGrad), or `max_exp_avg_sqs`;
+// - momentum_buffer: what add_(param, buf) adds to a parameter (SGD), or
+//   `momentum_buffer_list`;
+// - step: a one-element state that add_ increments, or `state_steps`.
+// A state tensor is one used only inside the optimizer and alive across
+// iterations (it entered the trace, or was made by the first step and read by
+// later ones); temporaries (the denominator) are workspace. Each is renamed
+// `<param>.<kind>` after the parameter it updates: the one paired with it
+// above, else the first parameter the optimizer writes after the state's
+// first use (at the same list position).
+enum StateKind : std::uint8_t { kNoState, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kMomentum, kStepCount };
+constexpr std::string_view kStateNames[] = {"", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                            "momentum_buffer", "step"};
+
+void Importer::optimizer_facts(const Node& n) {
+  std::string_view op = n.name;
+  if (op.starts_with("aten::")) op.remove_prefix(6);
+  static thread_local std::vector<std::string_view> names;
+  schema_arg_names(n.schema, names);
+  auto name_of = [&](const Arg& a) {
+    return a.slot < names.size() ? names[a.slot] : std::string_view();
+  };
+  // The tensor at argument `arg`, list element `elem` (-1: a plain argument).
+  auto at = [&](std::string_view arg, std::int32_t elem) -> std::uint32_t {
+    for (std::size_t k = 0; k < ins_.size(); ++k)
+      if (name_of(ins_[k]) == arg && ins_[k].elem == elem) return in_tensor_[k];
+    return UINT32_MAX;
+  };
+  auto set = [&](std::uint32_t t, StateKind k, std::uint32_t param) {
+    if (t == UINT32_MAX) return;
+    TensorInfo& ti = tensors_[t];
+    if (ti.state_kind == kNoState) ti.state_kind = k;
+    if (param != UINT32_MAX && ti.state_param == UINT32_MAX) ti.state_param = param;
+  };
+  const bool foreach = op.starts_with("_foreach_");
+  std::string_view base = foreach ? op.substr(9) : op;
+  std::int32_t elems = 0;  // list length of `self` (foreach), else one plain argument
+  if (foreach)
+    for (const Arg& a : ins_)
+      if (name_of(a) == "self") elems = std::max(elems, a.elem + 1);
+  auto each = [&](auto&& f) {
+    if (!foreach) return f(-1);
+    for (std::int32_t e = 0; e < elems; ++e) f(e);
+  };
+  if (base == "addcdiv_") {
+    each([&](std::int32_t e) { set(at("tensor1", e), kExpAvg, at("self", e)); });
+  } else if (base == "addcmul_") {
+    each([&](std::int32_t e) {
+      const std::uint32_t t1 = at("tensor1", e);
+      if (t1 != UINT32_MAX && t1 == at("tensor2", e)) set(at("self", e), kExpAvgSq, UINT32_MAX);
+    });
+  } else if (base == "lerp_") {
+    each([&](std::int32_t e) { set(at("self", e), kExpAvg, UINT32_MAX); });
+  } else if (base == "maximum" || base == "maximum_") {
+    each([&](std::int32_t e) { set(at(foreach ? "self" : "out", e), kMaxExpAvgSq, UINT32_MAX); });
+  } else if (base == "add_") {
+    each([&](std::int32_t e) {
+      const std::uint32_t self = at("self", e), other = at("other", e);
+      if (other != UINT32_MAX && !tensors_[other].constant)
+        set(other, kMomentum, self);  // param.add_(buf): confirmed once roles are known
+      else if (self != UINT32_MAX && tensors_[self].bytes <= 8)
+        set(self, kStepCount, UINT32_MAX);
+    });
+  } else if (op.starts_with("_fused_")) {
+    static constexpr std::pair<std::string_view, StateKind> kArgs[] = {
+        {"exp_avgs", kExpAvg},           {"exp_avg_sqs", kExpAvgSq},
+        {"max_exp_avg_sqs", kMaxExpAvgSq}, {"momentum_buffer_list", kMomentum},
+        {"state_steps", kStepCount}};
+    for (const Arg& a : ins_)
+      for (const auto& [arg, k] : kArgs)
+        if (name_of(a) == arg) set(at(arg, a.elem), k, at("self", a.elem));
+  }
+}
+
+// Note [Lifetimes in ET imports]
+// Storage ids are bound to logical tensors across iterations, so a tensor
+// made in one iteration and used in a later one (optimizer state made by the
+// first step, gradients kept by zero_grad(set_to_none=False), a rollout that
+// training reads, a KV cache grown by torch.cat from one decode step to the
+// next) is one tensor, not a new "entering" one each time. Its lifetime
+// follows: a produced tensor is allocated when produced and freed after its
+// last access before it is produced again; produced again by an op that also
+// reads it (cat onto itself) it stays allocated; if its last use lies in a
+// later iteration than its production and nothing produces it again, it
+// outlives the trace (no free). Persistence decides roles (state rather than
+// workspace; a tensor one model call makes and a later one reads is KV).
+void Importer::compute_lifetimes() {
+  struct Inst {
+    bool open = false;
+    std::uint32_t start_ctx = 0, last_op = 0, last_ctx = 0;
+  };
+  std::vector<Inst> inst(tensors_.size());
+  drop_.assign(events_.size(), false);
+  // A hidden result no later op reads is the op's own scratch (the
+  // workspace of a batch norm): left out, so a recycled storage id that
+  // hides it in one step and not the next does not change the step.
+  // Per op, which tensors it allocates and reads (stamps: no quadratic scans).
+  std::vector<std::uint32_t> alloc_at(tensors_.size(), UINT32_MAX), read_at(tensors_.size(), UINT32_MAX);
+  auto stamp_op = [&](std::uint32_t i) {
+    for (std::uint32_t k = op_events_[i].first; k < op_events_[i].second; ++k) {
+      const Access& a = events_[k];
+      if (a.kind == EventKind::alloc) alloc_at[a.tensor] = i;
+      if (a.kind == EventKind::read) read_at[a.tensor] = i;
+    }
+  };
+  for (std::uint32_t i = 0; i < ops_.size(); ++i) {
+    stamp_op(i);
+    for (std::uint32_t k = op_events_[i].first; k < op_events_[i].second; ++k)
+      if (alloc_at[events_[k].tensor] != i) tensors_[events_[k].tensor].used_later = true;
+  }
+  for (std::uint32_t k = 0; k < events_.size(); ++k)
+    if (tensors_[events_[k].tensor].hidden && !tensors_[events_[k].tensor].used_later) drop_[k] = true;
+  auto infer_ctx = [&](std::uint32_t c) {
+    return ctx_[c].phase == Phase::prefill || ctx_[c].phase == Phase::decode;
+  };
+  for (std::uint32_t i = 0; i < ops_.size(); ++i) {
+    const std::uint32_t c = op_ctx_[i];
+    const auto [b, e] = op_events_[i];
+    stamp_op(i);
+    for (std::uint32_t k = b; k < e; ++k) {
+      if (drop_[k]) continue;
+      const Access& a = events_[k];
+      Inst& in = inst[a.tensor];
+      TensorInfo& ti = tensors_[a.tensor];
+      if (a.kind == EventKind::alloc) {
+        if (in.open) {
+          if (read_at[a.tensor] == i) {  // grows onto itself: still allocated
+            drop_[k] = true;
+            continue;
+          }
+          frees_.emplace_back(in.last_op, a.tensor);
+        }
+        in = {true, c, i, c};
+        continue;
+      }
+      if (!in.open) continue;
+      if (c != in.start_ctx) {
+        ti.persistent = true;
+        if (infer_ctx(c) && infer_ctx(in.start_ctx) && ctx_[c].job == ctx_[in.start_ctx].job)
+          ti.kv = true;
+      }
+      in.last_op = i;
+      in.last_ctx = c;
+    }
+  }
+  for (std::uint32_t t = 0; t < inst.size(); ++t)
+    if (inst[t].open && inst[t].last_ctx == inst[t].start_ctx) frees_.emplace_back(inst[t].last_op, t);
+}
+
+void Importer::name_optimizer_state() {
+  std::vector<Role> roles(tensors_.size());
+  for (std::size_t t = 0; t < tensors_.size(); ++t) roles[t] = role_of(tensors_[t]);
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorInfo& ti = tensors_[t];
+    if (!(roles[t] == Role::optim_m || roles[t] == Role::optim_v || ti.state_kind == kStepCount) ||
+        !(ti.entering || ti.persistent || ti.scalar_state))
+      continue;
+    if (ti.state_kind == kMomentum &&
+        (ti.state_param == UINT32_MAX || roles[ti.state_param] != Role::param)) {
+      ti.state_kind = kNoState;  // added to something that is not a parameter
+      ti.state_param = UINT32_MAX;
+    }
+    std::uint32_t param = ti.state_param;
+    if (param != UINT32_MAX && roles[param] != Role::param) param = UINT32_MAX;
+    // In lists (foreach), the parameter at the same position of the next
+    // list the optimizer writes parameters in; else the next parameter written.
+    const bool in_list = ti.list_op != UINT32_MAX;
+    const std::uint32_t from = in_list ? ti.list_op : ti.first_opt_op;
+    if (param == UINT32_MAX && from != UINT32_MAX) {
+      auto w = std::lower_bound(opt_writes_.begin(), opt_writes_.end(), from,
+                                [](const OptWrite& x, std::uint32_t op) { return x.op < op; });
+      for (; w != opt_writes_.end() && op_ctx_[w->op] == op_ctx_[from]; ++w)
+        if (roles[w->tensor] == Role::param && (in_list ? w->elem == ti.list_elem : w->elem < 0)) {
+          param = w->tensor;
+          break;
+        }
+    }
+    if (ti.state_kind == kNoState || param == UINT32_MAX) continue;
+    std::string name = fmt::format("{}.{}", tensors_[param].name, kStateNames[ti.state_kind]);
+    if (by_name_.count(name)) continue;  // two states of one kind on one parameter: keep both apart
+    by_name_.erase(ti.name);
+    by_name_.emplace(name, static_cast<std::uint32_t>(t));
+    ti.name = std::move(name);
+  }
 }
 
 Role Importer::role_of(const TensorInfo& t) const {
@@ -1009,10 +1556,22 @@ Role Importer::role_of(const TensorInfo& t) const {
       (((t.written & opt) && (used & (fwd | bwd))) || t.weight_slot))
     return Role::param;
   if (used == opt) {
-    if (!t.entering) return Role::workspace;  // temporaries of the optimizer step
-    return t.sqrt_in_opt ? Role::optim_v : Role::optim_m;
+    // Temporaries of the optimizer step; state lives across steps.
+    if (!t.entering && !t.persistent && !t.scalar_state) return Role::workspace;
+    switch (t.state_kind) {
+      case kExpAvg:
+      case kMomentum:
+        return Role::optim_m;
+      case kExpAvgSq:
+      case kMaxExpAvgSq:
+        return Role::optim_v;
+      case kStepCount:
+        return Role::other;
+      default:
+        return t.sqrt_in_opt ? Role::optim_v : Role::optim_m;
+    }
   }
-  if (!t.entering) return Role::activation;
+  if (!t.entering) return t.kv ? Role::kv : Role::activation;
   // Entering data read in forward (the input batch, labels) flows like an
   // activation; anything else entering (communication buckets) is "other".
   return (t.read & fwd) && !t.written ? Role::activation : Role::other;
@@ -1025,7 +1584,11 @@ void Importer::emit(TraceSink& out) {
   out.meta("time_model", kTimeModel);
   out.meta("et_iteration_rule", iteration_rule_);
   out.meta("et_view_ops_skipped", std::to_string(view_ops_skipped_));
-  out.job(opt_.job);
+  for (const std::string& j : jobs_) out.job(j);
+  // Model state belongs to the training job, whichever job touched it first.
+  std::uint32_t train_job = 0;
+  for (std::uint32_t j = 0; j < jobs_.size(); ++j)
+    if (jobs_[j] == opt_.job) train_job = j;
   for (const TensorInfo& ti : tensors_) {
     Tensor t;
     t.id = stable_id(ti.name);
@@ -1033,7 +1596,10 @@ void Importer::emit(TraceSink& out) {
     t.bytes = ti.bytes;
     t.dtype = ti.dtype;
     t.role = role_of(ti);
-    t.job = 0;
+    const bool model_state = t.role == Role::param || t.role == Role::grad ||
+                             t.role == Role::optim_m || t.role == Role::optim_v ||
+                             ti.state_kind != kNoState;
+    t.job = model_state ? train_job : ti.job;
     out.tensor(t);
   }
   std::stable_sort(frees_.begin(), frees_.end(),
@@ -1043,6 +1609,7 @@ void Importer::emit(TraceSink& out) {
     out.op(ops_[i]);
     const std::uint64_t t0 = kNsPerOp * i;
     for (std::uint32_t e = op_events_[i].first; e < op_events_[i].second; ++e) {
+      if (drop_[e]) continue;
       const Access& a = events_[e];
       out.event({a.kind == EventKind::write ? t0 + kNsPerOp / 2 : t0, i, a.tensor, a.kind});
     }

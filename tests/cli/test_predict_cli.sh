@@ -19,6 +19,21 @@ expect_error twice "'u3m' is listed twice" "$U3M" predict eval "$T" --predictors
 expect_error same-trace "given twice" "$U3M" predict eval "$T" "$T" --predictors lru
 expect_error same-trace-other-spelling "given twice" "$U3M" predict eval "$T" "$tmp/./m.u3mt" --predictors lru
 
+# Values that leave nothing to score name their flag (issue 14).
+expect_error horizon-zero "--horizon-ops: must be between 1 and" "$U3M" predict eval "$T" --horizon-ops 0
+expect_error warmup-all "--warmup-iterations: 1000000 excludes every decision point" \
+  "$U3M" predict eval "$T" --predictors lru --warmup-iterations 1000000
+expect_error switch-zero "--switch-ops" "$U3M" predict eval "$T" --switch-ops 0
+# An ET whose only node is its own parent is an error, not an empty trace.
+echo '{"schema": "1.0.1", "nodes": [{"id": 1, "name": "x", "parent": 1}]}' >"$tmp/self.json"
+expect_error self-parent "node id 1 ('x') is its own parent" "$U3M" trace import "$tmp/self.json" -o "$tmp/self.u3mt"
+# The old name of the default still works, with a note (Note [Predictor names]).
+if "$U3M" predict eval "$T" --predictors u3m-seq --json >"$tmp/a.json" 2>"$tmp/err" &&
+  grep -qF "'u3m-seq' is an old name of 'u3m'" "$tmp/err" &&
+  $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if list(d["predictors"])==["u3m"] and "per_job" in d["predictors"]["u3m"] else 1)' "$tmp/a.json"; then
+  ok
+else bad "u3m-seq alias: $(cat "$tmp/err")"; fi
+
 # --json --diagnose: one valid JSON object, the diagnosis inside it.
 if "$U3M" predict eval "$T" --predictors lru,oracle --json --diagnose >"$tmp/d.json" 2>"$tmp/err"; then
   if $PY - "$tmp/d.json" "$T" <<'PYEOF'
@@ -45,7 +60,7 @@ else bad "--window-delta horizons: $(cat "$tmp/err") $(head -c 300 "$tmp/w.json"
 
 # --help shows the defaults.
 "$U3M" predict eval --help >"$tmp/help" 2>&1
-for want in "--horizon-ops UINT:UINT in [1 - 1048576]=64" "--warmup-iterations UINT=1"; do
+for want in "--horizon-ops UINT=64" "--warmup-iterations UINT=1" "--switch-ops UINT=64"; do
   if grep -qF -- "$want" "$tmp/help"; then ok; else bad "--help lacks '$want'"; fi
 done
 

@@ -195,7 +195,9 @@ TEST_F(SsdStoreTest, OverwriteOfAFullStoreKeepsThePreviousVersionOnNoSpace) {
 
 // ------------------------------------------------------------- write admission
 
-TEST_F(SsdStoreTest, IdenticalRewriteIssuesNoIo) {
+// An identical rewrite reads the stored copy back (test_ssd_verify.cpp) but
+// writes nothing.
+TEST_F(SsdStoreTest, IdenticalRewriteWritesNothing) {
   auto s = open_store(options(8 * MiB));
   auto v = blob(9, 1, 2 * MiB + 17);
   ASSERT_EQ(s->put(9, v.data(), v.size(), true), Status::ok);
@@ -243,7 +245,7 @@ TEST_F(SsdStoreTest, AdmittedRewriteStillUpdatesEvictability) {
   auto a = blob(1, 1, n), b = blob(2, 1, n), c = blob(3, 1, n);
   ASSERT_EQ(s->put(1, a.data(), n, true), Status::ok);
   ASSERT_EQ(s->put(2, b.data(), n, true), Status::ok);
-  ASSERT_EQ(s->put(1, a.data(), n, false), Status::ok);  // no I/O, but now pinned data
+  ASSERT_EQ(s->put(1, a.data(), n, false), Status::ok);  // no write, but now pinned data
   ASSERT_EQ(s->put(3, c.data(), n, true), Status::ok);   // so key 2 must go, not key 1
   EXPECT_TRUE(s->contains(1));
   EXPECT_FALSE(s->contains(2));

@@ -1,5 +1,6 @@
-// Shared helpers of the SSD store tests: a scratch directory under /tmp and
-// deterministic blob contents.
+// Shared helpers of the SSD store tests: a scratch directory under /tmp,
+// deterministic blob contents, the engines the fault tests run over, and a
+// recorder of on_corrupt calls.
 #pragma once
 
 #include <fcntl.h>
@@ -8,12 +9,15 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "u3m/mem/pool.hpp"  // KiB, MiB
 #include "u3m/mem/ssd_store.hpp"
 
 namespace u3m::mem::testing {
@@ -93,5 +97,52 @@ inline std::unique_ptr<SsdStore> open_store(SsdStoreOptions o) {
 inline std::uint64_t rounded(std::uint64_t n) {
   return (n + 4095) / 4096 * 4096;
 }
+
+// The engine a parameterised fault test runs over: "io_uring" (null, with the
+// reason in `why`, where the kernel refuses it) or "pread_pwrite".
+inline std::shared_ptr<IoEngine> real_engine(const std::string& name, std::string& why) {
+  if (name != "io_uring") return make_sync_engine();
+  std::unique_ptr<IoEngine> e;
+  if (!ok(make_uring_engine(64, e, &why))) return nullptr;
+  return e;
+}
+
+// The fault layer over real_engine(name); null (with `why`) as real_engine.
+inline std::shared_ptr<FaultInjectionIoEngine> fault_engine(const std::string& name,
+                                                            std::string& why) {
+  auto inner = real_engine(name, why);
+  return inner ? std::make_shared<FaultInjectionIoEngine>(inner) : nullptr;
+}
+
+// Counts on_corrupt calls per key; thread-safe (the store calls it from its
+// completion thread).
+class CorruptKeys {
+ public:
+  std::function<void(std::uint64_t)> callback() {
+    return [this](std::uint64_t k) {
+      std::lock_guard lk(mu_);
+      ++calls_[k];
+    };
+  }
+  std::uint64_t count(std::uint64_t key) const {
+    std::lock_guard lk(mu_);
+    auto it = calls_.find(key);
+    return it == calls_.end() ? 0 : it->second;
+  }
+  std::map<std::uint64_t, std::uint64_t> all() const {
+    std::lock_guard lk(mu_);
+    return calls_;
+  }
+  std::uint64_t total() const {
+    std::lock_guard lk(mu_);
+    std::uint64_t t = 0;
+    for (auto& [k, n] : calls_) t += n;
+    return t;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, std::uint64_t> calls_;
+};
 
 }  // namespace u3m::mem::testing

@@ -16,7 +16,7 @@
 //   recall over known tensors is held to 0.90, with precision 0.90;
 // - fixed prompt and output lengths (padded RLHF rollouts, templated
 //   prompts): the ceiling is >= 0.95 (asserted, so the bar cannot silently
-//   stop applying). u3m-seq does NOT reach the 0.90 recall on these
+//   stop applying). u3m does NOT reach the 0.90 recall on these
 //   tiny shapes today (0.84-0.89; on timeshare even its recall over known
 //   tensors is 0.86; docs/prediction.md "Known limits"): KnownShortfall
 //   guards what it does reach, so the gap can only close, never widen
@@ -116,7 +116,7 @@ TEST_P(Generated, PrecisionAndKnownRecallMeetTheBar) {
 TEST_P(Generated, BeatsEveryBaselineInF1) {
   const HorizonMetrics& m = at64();
   const double mine = f1(m.precision(), m.recall());  // the recall
-  for (const char* base : {"lru", "markov-reuse", "trace-replay", "u3m"}) {
+  for (const char* base : {"lru", "markov-reuse", "trace-replay", "design-ema"}) {
     SCOPED_TRACE(base);
     const EvalResult r = testing::run(t_, base);
     const HorizonMetrics& b = testing::horizon(r, "64");

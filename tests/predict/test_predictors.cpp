@@ -37,7 +37,7 @@ trace::Trace periodic() {
 
 TEST(Predictors, PeriodicTraceReplayAndDefaultAreExactAfterWarmup) {
   trace::Trace t = periodic();
-  for (const char* name : {"trace-replay", "u3m-seq", "oracle"}) {
+  for (const char* name : {"trace-replay", "u3m", "oracle"}) {
     EvalResult r = testing::run(t, name);
     for (const char* h : {"8", "64", "iteration"}) {
       SCOPED_TRACE(std::string(name) + " H=" + h);
@@ -180,10 +180,10 @@ TEST_P(Mixed, DefaultPredictorIsAccurateAndBeatsTheBaselines) {
   SyntheticMixed sp;
   sp.pattern = GetParam();
   trace::Trace t = make_synthetic_mixed(sp);
-  EvalResult seq = testing::run(t, "u3m-seq");
+  EvalResult seq = testing::run(t, "u3m");
   // This serving stream is deliberately irregular (requests of varied
   // length, prefill bursts), so when training resumes is uncertain by ~10
-  // ops; the byte-weighted recall near that switch is where u3m-seq loses
+  // ops; the byte-weighted recall near that switch is where u3m loses
   // most (docs/prediction.md, "Known limits").
   for (const char* h : {"8", "64", "iteration"}) {
     SCOPED_TRACE(h);
@@ -197,7 +197,7 @@ TEST_P(Mixed, DefaultPredictorIsAccurateAndBeatsTheBaselines) {
     EXPECT_GE(m.recall_known_count(), 0.88);
   }
   double best = f1(horizon(seq, "64").precision(), horizon(seq, "64").recall());
-  for (const char* base : {"lru", "markov-reuse", "trace-replay", "u3m"}) {
+  for (const char* base : {"lru", "markov-reuse", "trace-replay", "design-ema"}) {
     SCOPED_TRACE(base);
     EvalResult r = testing::run(t, base);
     EXPECT_GT(best, f1(horizon(r, "64").precision(), horizon(r, "64").recall()));

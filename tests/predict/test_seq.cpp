@@ -1,4 +1,4 @@
-// u3m-seq's mechanisms (Note [u3m-seq]), the incremental window, the
+// u3m's mechanisms (Note [u3m]), the incremental window, the
 // diagnosis and the per-job trace-replay, on hand-made sequences.
 #include <gtest/gtest.h>
 
@@ -121,7 +121,7 @@ TEST(SeqPredictor, SuccessorIsTheMostFrequentNotTheLast) {
 }
 
 // The window built from predict_window_delta equals predict()'s set: exactly
-// for the default implementation, and for u3m-seq on a trace whose slots'
+// for the default implementation, and for u3m on a trace whose slots'
 // tensors do not change while in the window.
 void expect_window_matches(const trace::Trace& t, const std::string& name, double min_jaccard) {
   SCOPED_TRACE(name);
@@ -157,7 +157,7 @@ TEST(WindowDelta, DefaultIsExactAndSeqIsNearExact) {
   SyntheticMixed sp;
   trace::Trace t = make_synthetic_mixed(sp);
   expect_window_matches(t, "lru", 1.0);
-  expect_window_matches(t, "u3m-seq", 0.97);
+  expect_window_matches(t, "u3m", 0.97);
 }
 
 TEST(Diagnoser, TotalsAgreeWithTheEvaluator) {

@@ -70,7 +70,7 @@ class WindowLogTest : public ::testing::Test {
  protected:
   void SetUp() override {
     t_ = mixed_trace();
-    log_ = std::make_shared<WindowLog>(t_, "u3m-seq");
+    log_ = std::make_shared<WindowLog>(t_, "u3m");
     n_ = log_->feed().num_steps();
     ASSERT_GT(n_, 200u);
   }
@@ -85,11 +85,11 @@ class WindowLogTest : public ::testing::Test {
 };
 
 TEST_F(WindowLogTest, ReadersOfTheSameCallsShareOnePredictor) {
-  // Two runs on different clocks (u3m-seq's answers do not read time),
+  // Two runs on different clocks (u3m's answers do not read time),
   // interleaved as cards are: both get their private predictor's answers.
   const std::vector<Call> a = every_step(1000), b = every_step(1700);
-  const std::vector<Answer> want = private_answers(log_->feed(), "u3m-seq", a);
-  ASSERT_EQ(want, private_answers(log_->feed(), "u3m-seq", b));
+  const std::vector<Answer> want = private_answers(log_->feed(), "u3m", a);
+  ASSERT_EQ(want, private_answers(log_->feed(), "u3m", b));
   WindowLog::Reader ra(log_), rb(log_);
   std::size_t nonempty = 0;
   for (std::size_t i = 0; i < n_; ++i) {
@@ -112,9 +112,9 @@ TEST_F(WindowLogTest, AReaderThatSkipsAStepOrChangesHorizonForks) {
     wide.push_back({j, j < 120 ? 16u : 40u, 0});
   }
   const std::vector<Call> plain = every_step(0);
-  const std::vector<Answer> want_plain = private_answers(log_->feed(), "u3m-seq", plain);
-  const std::vector<Answer> want_skip = private_answers(log_->feed(), "u3m-seq", skip);
-  const std::vector<Answer> want_wide = private_answers(log_->feed(), "u3m-seq", wide);
+  const std::vector<Answer> want_plain = private_answers(log_->feed(), "u3m", plain);
+  const std::vector<Answer> want_skip = private_answers(log_->feed(), "u3m", skip);
+  const std::vector<Answer> want_wide = private_answers(log_->feed(), "u3m", wide);
   ASSERT_NE(want_skip, std::vector<Answer>(want_plain.begin(), want_plain.end() - 1));
   WindowLog::Reader rp(log_), rs(log_), rw(log_);
   for (std::size_t i = 0; i < n_; ++i) {
@@ -136,11 +136,11 @@ TEST_F(WindowLogTest, AReaderThatSkipsAStepOrChangesHorizonForks) {
 }
 
 TEST_F(WindowLogTest, ATimedPredictorForksOnAnotherClock) {
-  // The design's EMA predictor ("u3m") reads time: same clock shares, another forks.
-  auto log = std::make_shared<WindowLog>(t_, "u3m");
+  // The design's EMA predictor reads time: same clock shares, another forks.
+  auto log = std::make_shared<WindowLog>(t_, "design-ema");
   const std::vector<Call> a = every_step(1000), b = every_step(1700);
-  const std::vector<Answer> want_a = private_answers(log->feed(), "u3m", a);
-  const std::vector<Answer> want_b = private_answers(log->feed(), "u3m", b);
+  const std::vector<Answer> want_a = private_answers(log->feed(), "design-ema", a);
+  const std::vector<Answer> want_b = private_answers(log->feed(), "design-ema", b);
   WindowLog::Reader r1(log), r2(log), r3(log);
   for (std::size_t i = 0; i < n_; ++i) {
     EXPECT_EQ(copy(r1.step(a[i].step, 16, a[i].now_ns)), want_a[i]) << "r1, call " << i;

@@ -4,6 +4,8 @@ Run: PYTHONPATH=python /usr/bin/python3 -m unittest discover -s tests/python -v
 With U3M_BIN set to a built `u3m`, the traces are also imported by the C++ side.
 """
 import collections
+import contextlib
+import gzip
 import json
 import os
 import subprocess
@@ -292,6 +294,95 @@ class CaptureTest(unittest.TestCase):
                 if name != "train":
                     self.assertGreater(stats["op_classes"]["attn_decode"], 0)
                 self.assertGreater(stats["op_classes"]["matmul"], 0)
+
+
+class CorpusTest(unittest.TestCase):
+    """The issue-17 corpus tools: zoo models, both observers, the chakra layout."""
+
+    def test_every_zoo_model_trains_and_the_lms_generate(self):
+        from u3m_capture import zoo
+        torch.manual_seed(0)
+        for name, cls in zoo.ZOO.items():
+            with self.subTest(model=name):
+                m = cls()
+                if name == "cnn":
+                    batch = (torch.randn(2, 3, 8, 8), torch.randint(10, (2,)))
+                    loss = m.loss(batch)
+                else:
+                    vocab = getattr(m, "vocab", None) or m.cfg.vocab_size
+                    loss = m.loss(torch.randint(vocab, (2, 9)))
+                loss.backward()
+                self.assertTrue(torch.isfinite(loss).item(), name)
+                if m.lm:
+                    m.eval()
+                    kinds = []
+
+                    @contextlib.contextmanager
+                    def step(kind):
+                        kinds.append(kind)
+                        yield
+                    out = m.generate(torch.randint(16, (2, 4)), 3, step=step)
+                    self.assertEqual(out.shape[1], (4 if name != "seq2seq" else 1) + 3, name)
+                    self.assertEqual(kinds[0], "prefill")
+                    self.assertTrue(all(k == "decode" for k in kinds[1:]), kinds)
+
+    def test_both_observers_and_the_chakra_layout(self):
+        from dataclasses import replace
+        from u3m_capture import corpus
+        from u3m_capture.et_chakra import to_chakra
+        base = {p.name: p for p in corpus.PROGRAMS}["lstm-rlhf"]
+        prog = replace(base, name="tiny-rlhf", steps=2, train_per_round=1, new_tokens=3, seq=8)
+        with tempfile.TemporaryDirectory() as d:
+            et = os.path.join(d, "t.et.json.gz")
+            info = corpus.capture_et(prog, et)
+            self.assertEqual(info["schema"], "1.0.1")
+            with gzip.open(et, "rt") as f:
+                doc = json.load(f)
+            ch = to_chakra(doc)
+            self.assertEqual(ch["schema"], "1.1.0-chakra.0.0.4")
+            self.assertEqual(len(ch["nodes"]), len(doc["nodes"]))
+            n = next(x for x in ch["nodes"] if x["name"] == "aten::addmm")
+            self.assertEqual(set(n), {"id", "name", "ctrl_deps", "inputs", "outputs", "attrs"})
+            self.assertEqual({a["name"] for a in n["attrs"]} >= {"op_schema", "seq_id", "tid"}, True)
+            rec = os.path.join(d, "t.u3m.jsonl")
+            counts = corpus.capture_recorder(prog, rec)
+            self.assertEqual(counts["jobs"], 2)
+            u3m = os.environ.get("U3M_BIN", "")
+            if not u3m or not os.access(u3m, os.X_OK):
+                return
+            for path in (et, rec):
+                out = os.path.join(d, "x.u3mt")
+                imp = subprocess.run([u3m, "trace", "import", path, "-o", out], capture_output=True, text=True)
+                self.assertEqual(imp.returncode, 0, imp.stderr)
+                st = json.loads(subprocess.run([u3m, "trace", "stats", out, "--json"], capture_output=True,
+                                               text=True).stdout)
+                self.assertEqual(sorted(st["jobs"]), ["infer-0", "train-0"], path)
+
+    def test_generation_only_et_is_one_inference_job(self):
+        # No backward, no optimizer: inference, one iteration per model call.
+        u3m = os.environ.get("U3M_BIN", "")
+        if not u3m or not os.access(u3m, os.X_OK):
+            self.skipTest("U3M_BIN is not set to a built u3m binary")
+        from torch.profiler import ExecutionGraphObserver
+        from u3m_capture import zoo
+        torch.manual_seed(0)
+        m = zoo.GPT2().eval()
+        with tempfile.TemporaryDirectory() as d:
+            path, out = os.path.join(d, "gen.json"), os.path.join(d, "gen.u3mt")
+            eg = ExecutionGraphObserver()
+            eg.register_callback(path)
+            eg.start()
+            for _ in range(2):
+                m.generate(torch.randint(256, (2, 4)), 4)
+            eg.stop()
+            eg.unregister_callback()
+            imp = subprocess.run([u3m, "trace", "import", path, "-o", out], capture_output=True, text=True)
+            self.assertEqual(imp.returncode, 0, imp.stderr)
+            st = json.loads(subprocess.run([u3m, "trace", "stats", out, "--json"], capture_output=True,
+                                           text=True).stdout)
+            self.assertEqual(list(st["jobs"]), ["infer-0"])
+            self.assertEqual(st["jobs"]["infer-0"]["iterations"], 8)  # 2 x (a prefill + 3 decode steps)
+            self.assertGreater(st["phases"]["decode"], 0)
 
 
 if __name__ == "__main__":

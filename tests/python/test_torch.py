@@ -138,8 +138,8 @@ class CaptureTest(unittest.TestCase):
             self.assertEqual((back.num_tensors, back.num_events), (tr.num_tensors, tr.num_events))
             self.assertEqual(back.stats()["events"], tr.num_events)
         # The trace feeds the C++ predictors.
-        res = u3m.evaluate_predictor(tr, "u3m-seq", horizons=[8, 64])
-        self.assertEqual(res["predictor"], "u3m-seq")
+        res = u3m.evaluate_predictor(tr, "u3m", horizons=[8, 64])
+        self.assertEqual(res["predictor"], "u3m")
         # Training steps repeat exactly, so after the warm-up iteration the sequence
         # predictor must do far better than chance on a captured trace.
         self.assertGreater(res["precision"], 0.5, res)

@@ -290,7 +290,8 @@ std::vector<N> two_steps() {
 
 TEST(EtImport, TinyTraceIdentityViewsAllocFree) {
   Trace t = import_text(join_lines(chakra_lines(two_steps())));
-  EXPECT_EQ(t.find_meta("et_iteration_rule"), "repeated top-level range '## forward ##'");
+  // An optimizer step ends an iteration (Note [ET jobs and iterations]).
+  EXPECT_EQ(t.find_meta("et_iteration_rule"), "after each Optimizer.step# range");
   ASSERT_EQ(t.ops.size(), 6u);  // the two views are not ops
   for (const Op& o : t.ops) EXPECT_NE(o.name, "aten::view");
   EXPECT_EQ(t.ops[0].iteration, 0u);
@@ -453,6 +454,158 @@ TEST(EtImport, FlatSchemaTinyTrace) {
   EXPECT_EQ(t.ops[0].bytes, (6u + 12u + 8u) * 2);
   ASSERT_EQ(t.tensors.size(), 3u);
   for (const Tensor& x : t.tensors) EXPECT_EQ(x.dtype, DType::f16);
+}
+
+}  // namespace
+}  // namespace u3m::trace
+
+namespace u3m::trace {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Real captures of the prediction corpus (data/pytorch-et/corpus/, written
+// by python/u3m_capture/corpus.py with torch's ExecutionGraphObserver).
+
+// Per job: the phases of its ops and how many iterations it ran.
+struct JobShape {
+  std::set<Phase> phases;
+  std::uint32_t iterations = 0, prefills = 0;
+};
+std::map<std::string, JobShape> jobs_of(const Trace& t) {
+  std::map<std::string, JobShape> out;
+  std::map<std::pair<std::uint32_t, std::uint32_t>, Phase> first_phase;
+  for (const Op& o : t.ops) {
+    JobShape& j = out[t.jobs.at(o.job)];
+    j.phases.insert(o.phase);
+    j.iterations = std::max(j.iterations, o.iteration + 1);
+    if (first_phase.emplace(std::pair{o.job, o.iteration}, o.phase).second && o.phase == Phase::prefill)
+      ++j.prefills;
+  }
+  return out;
+}
+
+TEST(EtCorpus, RlhfCaptureImportsAsTwoJobs) {
+  // gpt2-rlhf marks rollouts with "## generate ##"; lstm-rlhf marks nothing:
+  // there the rollouts are found by their signals alone (no autograd graph,
+  // no backward after them). Both: 3 rounds of a rollout (a prefill and 5
+  // decode steps) then 2 training steps.
+  for (const char* name : {"corpus/gpt2-rlhf.et.json.gz", "corpus/lstm-rlhf.et.json.gz"}) {
+    SCOPED_TRACE(name);
+    const Trace& t = imported(name);
+    ASSERT_EQ(t.jobs, (std::vector<std::string>{"infer-0", "train-0"}));
+    auto jobs = jobs_of(t);
+    const JobShape& train = jobs.at("train-0");
+    const JobShape& infer = jobs.at("infer-0");
+    EXPECT_EQ(train.iterations, 6u);
+    EXPECT_EQ(train.phases, (std::set<Phase>{Phase::forward, Phase::backward, Phase::optimizer}));
+    EXPECT_EQ(infer.iterations, 18u);  // one per model call
+    EXPECT_EQ(infer.prefills, 3u);
+    EXPECT_EQ(infer.phases, (std::set<Phase>{Phase::prefill, Phase::decode}));
+    // The parameters the rollouts read are the ones training updates, and belong to training.
+    std::uint32_t train_job = t.jobs[0] == "train-0" ? 0 : 1;
+    std::size_t params = 0, shared = 0;
+    std::set<std::uint32_t> read_by_infer;
+    for (const Event& e : t.events)
+      if (t.jobs[t.ops[e.op].job] == "infer-0") read_by_infer.insert(e.tensor);
+    for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
+      if (t.tensors[i].role != Role::param) continue;
+      ++params;
+      EXPECT_EQ(t.tensors[i].job, train_job) << t.tensors[i].name;
+      shared += read_by_infer.count(i);
+    }
+    EXPECT_GT(params, 0u);
+    EXPECT_GE(shared, params - 1);  // the LSTM's tied decoder weight is one tensor
+  }
+}
+
+TEST(EtCorpus, Gpt2Chakra110AdamStateIsRecognised) {
+  // An HF-layout GPT-2 (2 layers) trained with AdamW (foreach), backward on a
+  // second thread as CUDA runs it, in the 1.1.0-chakra layout torch 2.x writes.
+  const Trace& t = imported("corpus/gpt2-train.et.json.gz");
+  EXPECT_EQ(t.find_meta("et_schema"), "1.1.0-chakra.0.0.4");
+  std::map<std::string, const Tensor*> by_name;
+  for (const Tensor& x : t.tensors) by_name[x.name] = &x;
+  std::size_t params = 0, m = 0, v = 0, steps = 0;
+  std::uint64_t param_bytes = 0, m_bytes = 0, v_bytes = 0;
+  for (const Tensor& x : t.tensors) {
+    if (x.role == Role::param) ++params, param_bytes += x.bytes;
+    auto check = [&](std::string_view suffix, Role role, std::size_t& n, std::uint64_t* bytes) {
+      if (!std::string_view(x.name).ends_with(suffix)) return false;
+      EXPECT_EQ(x.role, role) << x.name;
+      const std::string param = x.name.substr(0, x.name.size() - suffix.size());
+      auto p = by_name.find(param);
+      EXPECT_TRUE(p != by_name.end() && p->second->role == Role::param) << x.name;
+      if (p != by_name.end() && bytes) EXPECT_EQ(x.bytes, p->second->bytes) << x.name;
+      ++n;
+      if (bytes) *bytes += x.bytes;
+      return true;
+    };
+    check(".exp_avg", Role::optim_m, m, &m_bytes) ||
+        check(".exp_avg_sq", Role::optim_v, v, &v_bytes) || check(".step", Role::other, steps, nullptr);
+  }
+  // 2 embeddings + 2 x 12 per block + ln_f's 2 (the LM head is tied to wte).
+  EXPECT_EQ(params, 28u);
+  EXPECT_EQ(m, params);
+  EXPECT_EQ(v, params);
+  EXPECT_EQ(steps, params);
+  EXPECT_EQ(m_bytes, param_bytes);
+  EXPECT_EQ(v_bytes, param_bytes);
+  // None of that state is left as workspace.
+  for (const Tensor& x : t.tensors)
+    if (x.role == Role::workspace) EXPECT_LT(x.bytes, param_bytes / 4) << x.name;
+  // Backward ran on its own thread: merged into its iteration (by id), each
+  // of the 6 steps has forward, backward and optimizer ops.
+  std::map<std::uint32_t, std::set<Phase>> phases;
+  for (const Op& o : t.ops) phases[o.iteration].insert(o.phase);
+  ASSERT_EQ(phases.size(), 6u);
+  for (const auto& [it, ph] : phases)
+    EXPECT_EQ(ph, (std::set<Phase>{Phase::forward, Phase::backward, Phase::optimizer})) << it;
+}
+
+TEST(EtCorpus, SgdMomentumAndAmsgradState) {
+  {
+    const Trace& t = imported("corpus/cnn-train.et.json.gz");  // SGD, momentum 0.9
+    std::size_t grads = 0, bufs = 0;
+    for (const Tensor& x : t.tensors) {
+      grads += x.role == Role::grad;
+      if (!x.name.ends_with(".momentum_buffer")) continue;
+      EXPECT_EQ(x.role, Role::optim_m) << x.name;
+      ++bufs;
+    }
+    EXPECT_EQ(grads, 26u);  // 7 convolutions, 7 batch norms (weight, bias), the classifier's 2
+    EXPECT_EQ(bufs, grads);
+  }
+  {
+    const Trace& t = imported("corpus/lstm-train.et.json.gz");  // Adam, amsgrad
+    std::size_t m = 0, v = 0, vmax = 0;
+    for (const Tensor& x : t.tensors) {
+      const Role want = x.name.ends_with(".exp_avg") ? Role::optim_m : Role::optim_v;
+      std::size_t* n = x.name.ends_with(".exp_avg")          ? &m
+                       : x.name.ends_with(".max_exp_avg_sq") ? &vmax
+                       : x.name.ends_with(".exp_avg_sq")     ? &v
+                                                             : nullptr;
+      if (!n) continue;
+      EXPECT_EQ(x.role, want) << x.name;
+      ++*n;
+    }
+    EXPECT_GT(m, 0u);
+    EXPECT_EQ(v, m);
+    EXPECT_EQ(vmax, m);
+  }
+}
+
+TEST(EtImportErrors, NothingToImportIsAnError) {
+  // A node that is its own parent and nothing else: an error naming the node,
+  // not an empty trace.
+  std::string e = error_of(
+      "{\"schema\": \"1.0.1\", \"nodes\": [{\"id\": 7, \"name\": \"x\", \"parent\": 7}]}");
+  EXPECT_NE(e.find("tiny.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("node id 7 ('x') is its own parent"), std::string::npos) << e;
+  e = error_of("{\"schema\": \"1.0.1\", \"nodes\": []}");
+  EXPECT_NE(e.find("empty"), std::string::npos) << e;
+  e = error_of(
+      "{\"schema\": \"1.0.1\", \"nodes\": [{\"id\": 1, \"name\": \"## range ##\", \"parent\": 0}]}");
+  EXPECT_NE(e.find("none of its 1 nodes is an operator"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -35,6 +35,10 @@ struct EvalOptions {
   // (The hook, like the scoring, may read the future; the predictor's
   // arguments never do: Note [No future in the query] in eval.cpp.)
   std::function<void(std::size_t k, const std::vector<Predicted>& out, bool warm)> on_decision;
+  // Around mode switches: decision points in the first `switch_ops` steps
+  // after a switch (the step before them ran another job than the one before
+  // it) are also summed apart, at the largest fixed horizon.
+  std::uint32_t switch_ops = 64;
 };
 
 // Sums over decision points for one horizon.
@@ -66,9 +70,24 @@ struct HorizonMetrics {
   double recall_ceiling_count() const;
 };
 
+// Sums of one slice of the decision points (a job, or the steps after switches).
+struct SliceMetrics {
+  std::string name;
+  HorizonSums sums;  // after warm-up, at the largest fixed horizon
+  HorizonMetrics metrics() const { return {"", sums, sums}; }
+};
+
 struct EvalResult {
   std::string predictor;
   std::vector<HorizonMetrics> horizons;
+  // Per job (of the step before the decision), and the decisions in the first
+  // EvalOptions::switch_ops steps after each switch between jobs.
+  std::vector<SliceMetrics> per_job;
+  SliceMetrics after_switch;
+  std::uint64_t switches = 0;            // job changes between consecutive steps (the trace's)
+  std::int64_t switches_detected = -1;   // the predictor's own detector; -1: it has none
+  std::uint32_t switch_ops = 0;
+  std::string slice_horizon;             // the horizon the slices are scored at
   std::uint64_t events = 0, steps = 0;
   // Excluded decision points (warmup_steps; each precedes one step) and the
   // events of the steps they precede.

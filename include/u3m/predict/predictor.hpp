@@ -101,6 +101,9 @@ class Predictor {
   // Whether predict()'s answers may depend on the events' times, not only on
   // the sequence of events (WindowLog shares them across runs when not).
   virtual bool answers_depend_on_time() const { return true; }
+  // Mode switches its own detector applied so far (the design's detector,
+  // docs/prediction.md); -1 for a predictor without one.
+  virtual std::int64_t mode_switches() const { return -1; }
 
  protected:
   // Call from observe(): keeps ns_per_op_ as an EMA of step-start spacing.
@@ -141,7 +144,16 @@ std::uint64_t op_signature(const trace::Op& op);
 
 // Names accepted by make_predictor, default first.
 const std::vector<std::string>& predictor_names();
-inline constexpr std::string_view kDefaultPredictor = "u3m-seq";
+inline constexpr std::string_view kDefaultPredictor = "u3m";
+
+// Note [Predictor names]
+// Issue 17 renamed the predictors: the default (per-job sequence replay) is
+// "u3m", the design's per-class EMA is "design-ema". The old name "u3m-seq"
+// stays accepted as an alias of "u3m". The old "u3m" meant the design's EMA;
+// that meaning is gone (the name is the default's now).
+// The canonical name of `name` (itself, or what an alias stands for), and
+// whether `name` is a deprecated alias.
+std::string_view canonical_predictor_name(std::string_view name, bool* deprecated = nullptr);
 
 // Builds a predictor by name; throws u3m::InputError for an unknown name.
 // `feed` is needed only by "oracle" (it reads the future), else may be null.

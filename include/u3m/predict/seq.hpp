@@ -1,4 +1,4 @@
-// u3m-seq, the default predictor: per-job sequence replay keyed by op slot,
+// u3m (formerly "u3m-seq"), the default predictor: per-job sequence replay keyed by op slot,
 // with live-group expansion and a learned job-interleaving model. See
 // docs/prediction.md and Note [u3m-seq] in src/predict/seq.cpp.
 #pragma once
@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "u3m/predict/mode_switch.hpp"
 #include "u3m/predict/predictor.hpp"
 
 namespace u3m::predict {
@@ -31,12 +32,25 @@ struct SeqParams {
   // Consecutive ops of a job that match nothing recorded after which the job
   // is "lost": nothing is predicted for it until an op matches again.
   std::uint32_t lost_after = 2;
+  // A job whose last two runs (next to another job) began a different number
+  // of iterations is predicted to go on rather than to stop where the last
+  // run stopped (issue 17: random time-sharing).
+  bool steady_runs_only = true;
+  // The design's mode-switch detector and thrash guard (mode_switch.hpp): an
+  // applied switch restarts the current run's length count, as the design
+  // re-warms after a switch. Off: it did not help on the corpus
+  // (docs/prediction.md, "Mode switches").
+  bool mode_detector = false;
+  ModeSwitchParams mode;
 };
 
 class SeqPredictor final : public Predictor {
  public:
   explicit SeqPredictor(SeqParams p = {});
-  std::string_view name() const override { return "u3m-seq"; }
+  std::string_view name() const override { return "u3m"; }
+  std::int64_t mode_switches() const override {
+    return p_.mode_detector ? std::int64_t(mode_.switches()) : -1;
+  }
   // Time only feeds ns_per_op(); the answers follow the event sequence.
   bool answers_depend_on_time() const override { return false; }
   void observe(const Access& a) override;
@@ -91,6 +105,7 @@ class SeqPredictor final : public Predictor {
     std::uint32_t pos = 0;             // next expected slot in records[ref]
     std::uint64_t last_run = 0;        // length of its previous run of consecutive steps
     std::uint32_t last_run_iters = 0;  // iterations begun in that run
+    std::uint32_t prev_run_iters = 0;  // and in the run before it
     bool last_aligned = false, prev_aligned = false;  // its last two runs began an iteration
     std::uint32_t succ = UINT32_MAX;                  // job that ran after its previous run
   };
@@ -140,6 +155,7 @@ class SeqPredictor final : public Predictor {
   void store_record(Job& jb, std::uint64_t next_first_sig, bool across_runs);
 
   SeqParams p_;
+  ModeSwitchDetector mode_;
   std::vector<Job> jobs_;
   std::vector<TensorState> ts_;
   std::vector<Group> groups_;
@@ -186,16 +202,10 @@ class SeqPredictor final : public Predictor {
     bool filled = false;
     std::vector<std::uint32_t> tensors;
   };
-  struct Plan {  // the recorded slot that lands on a step ahead; rec null: none
-    WinKey key;
-    const Job* job = nullptr;
-    const Record* rec = nullptr;
-  };
   std::vector<WinSlot> win_;  // ring indexed by absolute step % H
   std::uint64_t win_base_ = 0, win_call_ = 0;
   std::vector<std::uint32_t> win_cnt_;
   std::vector<std::uint64_t> win_left_;
-  std::vector<Plan> plan_;
   std::vector<Predicted> scratch_;
   std::vector<std::uint32_t> win_zero_;  // counts that fell to 0 in this call
 };

@@ -12,7 +12,10 @@
 namespace u3m::trace {
 
 struct EtImportOptions {
-  std::string job = "train-0";  // job name given to every op and tensor
+  // Job names: training (and everything when no inference is recognised),
+  // and the inference segments (docs/et-import.md, "Jobs and iterations").
+  std::string job = "train-0";
+  std::string infer_job = "infer-0";
 };
 
 // `json` is the decompressed document; `source` names it in error messages.
