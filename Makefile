@@ -6,6 +6,7 @@
 
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
+FUZZ_RUNS ?=
 
 .PHONY: all deps build asan tsan test test-release test-asan test-tsan fuzz demo bench format clean
 
@@ -39,8 +40,9 @@ test-asan: asan
 test-tsan: tsan
 	@ctest --preset tsan -j $(JOBS) -LE python
 
+# make fuzz FUZZ_SECONDS=600, or FUZZ_SECONDS=0 FUZZ_RUNS=1000000 (executions per target).
 fuzz: asan
-	@scripts/run-fuzzers.sh build/asan $(FUZZ_SECONDS)
+	@scripts/run-fuzzers.sh build/asan $(FUZZ_SECONDS) $(FUZZ_RUNS)
 
 demo: build
 	@scripts/demo.sh build/release/apps/u3m/u3m

@@ -1,6 +1,7 @@
 // libFuzzer target for the binary trace reader. Bad input must end in an
 // InputError; anything else (a crash, a sanitizer report, another exception)
-// is a finding.
+// is a finding. What the reader accepts must come back unchanged through
+// both writers (fuzz_trace_util.hpp).
 //
 // Two modes. Input starting with 'U' is taken as a whole file, which
 // exercises the framing (magic, blocks, checksums, end block). Any other
@@ -15,6 +16,7 @@
 
 #include <xxhash.h>
 
+#include "fuzz_trace_util.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
 
@@ -56,6 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     u3m::trace::read_binary(input, "fuzz", out);
   } catch (const u3m::InputError&) {
+    return 0;
   }
+  u3m::fuzz::check_round_trip(out);
   return 0;
 }

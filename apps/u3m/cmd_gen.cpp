@@ -73,8 +73,15 @@ void run_gen(GenArgs a, const CLI::App& cmd) {
   a.requests.prompt = LengthDist::parse(a.prompt_len, "--prompt-len");
   a.requests.output = LengthDist::parse(a.output_len, "--output-len");
   // Alternate rollouts draw rounds x rollout-batch requests unless told otherwise.
-  if (a.workload == "mixed" && a.pattern == "alternate" && cmd.count("--requests") == 0)
-    a.requests.count = a.rounds * a.rollout_batch;
+  // (A zero product keeps the default: MixedConfig::validate() names the zero flag.)
+  const std::uint64_t rollouts = std::uint64_t{a.rounds} * a.rollout_batch;
+  if (a.workload == "mixed" && a.pattern == "alternate" && cmd.count("--requests") == 0 &&
+      rollouts > 0) {
+    if (rollouts > UINT32_MAX)
+      input_error("--rollout-batch", "--rounds x --rollout-batch = {} requests is too many",
+                  rollouts);
+    a.requests.count = static_cast<std::uint32_t>(rollouts);
+  }
   for (auto [v, flag] : {std::pair{a.peak_tflops, "--peak-tflops"},
                          {a.hbm_gbps, "--hbm-gbps"},
                          {a.link_gbps, "--link-gbps"}})

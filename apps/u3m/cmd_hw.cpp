@@ -1,6 +1,5 @@
 // `u3m hw show|calibrate`: the simulator's hardware profiles (docs/hardware.md).
 #include <ctime>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -14,6 +13,7 @@
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/profile_json.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/output_file.hpp"
 
 namespace u3m::cli {
 namespace {
@@ -112,14 +112,12 @@ void run_calibrate(const CalibrateArgs& a) {
   o.host = machine();
   o.date = today_utc();
   o.progress = [](std::string_view step) { fmt::print(stderr, "calibrate: {}...\n", step); };
+  OutputFile out(a.out);  // a path that cannot be written fails now, not after measuring
   const sim::Measurements m = sim::measure_machine(o);
   const sim::HwProfile p = sim::profile_from_measurements(m, o);
-  {
-    std::ofstream out(a.out, std::ios::binary | std::ios::trunc);
-    if (!out) input_error(a.out, "cannot open for writing");
-    out << sim::to_toml(p);
-    if (!out.flush()) input_error(a.out, "write failed");
-  }
+  const std::string text = sim::to_toml(p);
+  out.write(text.data(), text.size());
+  out.commit();
   // The file must load like any profile; a failure here is a bug in the writer.
   const sim::HwProfile back = sim::load_profile(a.out);
   if (a.json) {

@@ -1,6 +1,5 @@
 // u3m requests import|gen|stats: serving request traces in the u3m format
 // (docs/requests.md). The work lives in src/workload (request_trace, rag).
-#include <charconv>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/workload/rag.hpp"
@@ -80,6 +80,9 @@ void run_import(const ImportArgs& a) {
       take(*r);
     }
   }
+  // As serve sim and --arrivals-from: a trace without requests is a mistake
+  // (an empty or wrong file), not a result. The output is left as it was.
+  if (w.written() == 0) input_error(a.in, "no requests");
   w.finish();
   const RequestStatsReport rep = stats.report();
   // stdout may be the output itself; the summary goes to stderr then.
@@ -138,24 +141,6 @@ struct StatsArgs {
   bool json = false, sort = false;
 };
 
-std::vector<std::uint64_t> parse_token_list(std::string_view list, std::string_view where) {
-  std::vector<std::uint64_t> out;
-  if (list.empty()) return out;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = list.find(',', start);
-    const std::string_view item =
-        list.substr(start, comma == std::string_view::npos ? comma : comma - start);
-    std::uint64_t v = 0;
-    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v == 0)
-      input_error(where, "item {}: '{}' is not a positive number of tokens", out.size() + 1, item);
-    out.push_back(v);
-    if (comma == std::string_view::npos) return out;
-    start = comma + 1;
-  }
-}
-
 std::string cache_name(const CacheResult& c) {
   return c.capacity_tokens ? fmt::format("LRU {} tokens", *c.capacity_tokens) : "unbounded";
 }
@@ -203,6 +188,7 @@ void run_stats(const StatsArgs& a) {
     while (auto r = f.next()) stats.add(*r);
   }
   const RequestStatsReport rep = stats.report();
+  if (rep.requests == 0) input_error(a.file, "no requests");
   const std::string format(f.stream().format() ? to_string(*f.stream().format()) : "empty");
   const char* label = "computed from the trace";
   if (a.json) {

@@ -24,6 +24,7 @@ struct ReplayArgs {
   double device_fraction = 0.5;
   engine::ReplayOptions opt;
   bool json = false;
+  const CLI::App* cmd = nullptr;  // given flags: an empty size is an error, not the default
 };
 
 nlohmann::json tier_json(const mem::TierReport& r) {
@@ -60,10 +61,11 @@ int run_replay(ReplayArgs& a) {
   constexpr std::uint64_t kMax = 1ull << 40;
   engine::ReplayOptions& o = a.opt;
   o.device_fraction = a.device_fraction;
-  if (!a.device_budget.empty())
+  auto given = [&](const char* flag) { return a.cmd && a.cmd->count(flag) > 0; };
+  if (given("--device-budget"))
     o.device_budget = parse_size(a.device_budget, "--device-budget", kMax);
-  if (!a.host_budget.empty()) o.host_budget = parse_size(a.host_budget, "--host-budget", kMax);
-  if (!a.ssd_size.empty()) o.ssd_capacity = parse_size(a.ssd_size, "--ssd-size", kMax);
+  if (given("--host-budget")) o.host_budget = parse_size(a.host_budget, "--host-budget", kMax);
+  if (given("--ssd-size")) o.ssd_capacity = parse_size(a.ssd_size, "--ssd-size", kMax);
   if (o.h2d_gbps < 0 || o.d2h_gbps < 0) input_error("--h2d-gbps/--d2h-gbps", "must be >= 0");
 
   trace::Trace t = trace::load_trace(a.trace);
@@ -198,7 +200,8 @@ void add_run_commands(CLI::App& app) {
   rp->add_option("--d2h-gbps", a->opt.d2h_gbps, "Throttle device-to-host copies (GB/s, 0 = none)");
   rp->add_option("--max-events", a->opt.max_events, "Replay only the first N events (0 = all)");
   rp->add_flag("--json", a->json, "Print one JSON object");
-  rp->callback([a] {
+  rp->callback([a, rp] {
+    a->cmd = rp;
     int rc = run_replay(*a);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

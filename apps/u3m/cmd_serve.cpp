@@ -2,8 +2,6 @@
 // (docs/serving.md). Every figure is simulated with a named hardware
 // profile, never measured, and says so.
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <memory>
 #include <string>
 
@@ -11,6 +9,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/experiments/serve.hpp"
 #include "u3m/sim/profile_json.hpp"
@@ -31,73 +30,6 @@ struct ServeArgs {
   bool json = false;
 };
 
-double number(std::string_view v, std::string_view where) {
-  double x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size()) input_error(where, "'{}' is not a number", v);
-  return x;
-}
-
-std::uint32_t count(std::string_view v, std::string_view where) {
-  const double x = number(v, where);
-  if (!(x >= 0 && x <= 4e9) || x != std::floor(x))
-    input_error(where, "'{}' is not a non-negative integer", v);
-  return static_cast<std::uint32_t>(x);
-}
-
-// "rag" or "rag:KEY=V,...": the built-in RAG generator (docs/serving.md).
-std::vector<workload::ServeRequest> rag_requests(std::string_view spec, std::string* label) {
-  workload::RagConfig c;
-  std::string_view rest = spec.substr(3);
-  if (!rest.empty()) {
-    if (rest.front() != ':') input_error("--requests", "'{}': expected rag or rag:KEY=V,...", spec);
-    rest.remove_prefix(1);
-  }
-  while (!rest.empty()) {
-    const std::size_t comma = rest.find(',');
-    const std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    const std::size_t eq = item.find('=');
-    if (eq == std::string_view::npos)
-      input_error("--requests", "'{}': expected KEY=V in '{}'", item, spec);
-    const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
-    const std::string where = fmt::format("--requests rag key '{}'", k);
-    if (k == "requests")
-      c.requests = count(v, where);
-    else if (k == "rate")
-      c.rate_per_s = number(v, where);
-    else if (k == "system")
-      c.system_tokens = count(v, where);
-    else if (k == "corpus")
-      c.corpus = count(v, where);
-    else if (k == "passages")
-      c.passages_per_request = count(v, where);
-    else if (k == "zipf")
-      c.zipf_s = number(v, where);
-    else if (k == "passage-len")
-      c.passage = workload::LengthDist::parse(v, where);
-    else if (k == "question-len")
-      c.question = workload::LengthDist::parse(v, where);
-    else if (k == "output-len")
-      c.output = workload::LengthDist::parse(v, where);
-    else if (k == "order") {
-      if (v != "sorted" && v != "rank") input_error(where, "'{}': expected rank or sorted", v);
-      c.sort_passages = v == "sorted";
-    } else if (k == "turns")
-      c.turns = count(v, where);
-    else if (k == "seed")
-      c.seed = count(v, where);
-    else
-      input_error("--requests",
-                  "unknown rag key '{}' (keys: requests, rate, system, corpus, "
-                  "passages, zipf, passage-len, question-len, output-len, order, turns, seed)",
-                  k);
-  }
-  c.validate();
-  *label = "RAG generator: " + c.describe();
-  return workload::generate_rag(c);
-}
-
 experiments::ServeScenario scenario(const ServeArgs& a) {
   experiments::ServeScenario s = a.knobs;
   s.shape = workload::preset(a.model);
@@ -107,7 +39,9 @@ experiments::ServeScenario scenario(const ServeArgs& a) {
   s.rate_scale = a.rate_scale;
   s.slo = {a.slo_ttft_ms, a.slo_tpot_ms, a.slo_ttft_factor};
   if (a.requests == "rag" || a.requests.starts_with("rag:")) {
-    s.requests = rag_requests(a.requests, &s.requests_label);
+    const workload::RagConfig c = parse_rag_spec(a.requests);
+    s.requests_label = "RAG generator: " + c.describe();
+    s.requests = workload::generate_rag(c);
   } else {
     s.requests = workload::load_requests(a.requests);
     s.requests_label = a.requests;
@@ -287,23 +221,12 @@ void run_sim(const ServeArgs& a) {
   print_detail(r);
 }
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  for (std::size_t b = 0; b <= list.size();) {
-    std::size_t e = list.find(',', b);
-    if (e == std::string::npos) e = list.size();
-    out.push_back(list.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
-
 void run_capacity(const ServeArgs& a) {
   ServeArgs base = a;
   base.policy = "hbm-only";
   const experiments::ServeScenario s = scenario(base);
-  const std::vector<std::string> pols = split(a.policies);
-  for (const std::string& p : pols) experiments::serve_policy(p);  // names a bad one first
+  const std::vector<std::string> pols =
+      parse_name_list(a.policies, "--policies", experiments::serve_policy_names());
   auto progress = [&](const std::string& what) {
     if (tty(a)) fmt::print(stderr, "\r\033[K  simulating {}", what);
   };

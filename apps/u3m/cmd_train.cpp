@@ -32,7 +32,8 @@ struct TrainArgs {
   std::uint32_t cards = 4, steps = 3;
   workload::TrainConfig train;
   double max_loss = 0.05;
-  std::string fail_card;  // "K@STEP"; empty: no failure
+  std::string fail_card;  // "K@STEP"
+  bool fail_card_given = false;  // an empty --fail-card is an error, not "no failure"
   // "separate" | "symmetric"; empty: the command's default (separate for
   // sim, symmetric for capacity, which runs hundreds of simulations).
   std::string card_model;
@@ -231,7 +232,7 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
 
 void run_sim(const TrainArgs& a) {
   experiments::TrainScenario s = scenario(a, "separate");
-  if (!a.fail_card.empty()) return run_failover(a, s);
+  if (a.fail_card_given) return run_failover(a, s);
   experiments::TrainResult r = experiments::simulate_training(s);
   if (a.json) {
     nlohmann::json j = {{"scenario", scenario_json(s)},
@@ -291,18 +292,8 @@ void run_capacity(const TrainArgs& a) {
   TrainArgs base = a;
   base.policy = "u3m";
   experiments::TrainScenario s = scenario(base, "symmetric");
-  std::vector<std::string> pols;
-  for (std::size_t b = 0; b <= a.policies.size();) {
-    std::size_t e = a.policies.find(',', b);
-    if (e == std::string::npos) e = a.policies.size();
-    pols.push_back(a.policies.substr(b, e - b));
-    b = e + 1;
-  }
-  for (const std::string& p : pols) {
-    experiments::TrainScenario check = s;
-    check.policy = p;
-    check.validate();  // names the bad policy
-  }
+  const std::vector<std::string> pols =
+      parse_name_list(a.policies, "--policies", experiments::train_policy_names());
   const bool tty = isatty(STDERR_FILENO) && !a.json;
   auto progress = [&](const std::string& what) {
     if (tty) fmt::print(stderr, "\r\033[K  simulating {}", what);
@@ -382,6 +373,10 @@ std::string load_average() {
 }
 
 void run_check(const CheckArgs& a) {
+  // ReplayOptions::check_stride's rule, checked before calibrating (seconds)
+  // so the error names this flag.
+  if (a.check_stride < 8 || a.check_stride % 8 != 0)
+    input_error("--check-stride", "must be a multiple of 8 bytes, got {}", a.check_stride);
   experiments::CheckSetup setup;
   setup.compute_scale = a.compute_scale;
   setup.check_stride = a.check_stride;
@@ -392,6 +387,7 @@ void run_check(const CheckArgs& a) {
     sim::CalibrateOptions o;
     o.dir = a.dir;
     o.seconds = a.calibrate_seconds;
+    o.seconds_flag = "--calibrate-seconds";
     o.host = machine();
     o.date = fmt::format("{:%Y-%m-%d}", fmt::gmtime(std::time(nullptr)));
     if (tty)
@@ -564,7 +560,10 @@ void add_train_commands(CLI::App& app) {
                   "K@STEP: card K fails before step STEP; its shards move to card K+1 over the "
                   "card-to-card link and training goes on (reports the slowdown)");
   add_scenario_options(sim, *a);
-  sim->callback([a] { run_sim(*a); });
+  sim->callback([a, sim] {
+    a->fail_card_given = sim->count("--fail-card") > 0;
+    run_sim(*a);
+  });
 
   auto* cap = train->add_subcommand(
       "capacity",

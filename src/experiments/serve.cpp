@@ -389,9 +389,14 @@ kv::KvConfig Simulator::make_config() {
   const double n = s_.cards;
   const double kv_hbm =
       n * s_.hw.device.hbm_capacity.si * s_.hbm_utilization - weight_bytes(s_.shape);
-  if (kv_hbm < slot)
+  if (kv_hbm <= 0)
     input_error("--model", "{} ({:.1f} GB of 16-bit weights) leaves no HBM for KV on {} x {}",
                 s_.shape.name, weight_bytes(s_.shape) / 1e9, s_.cards, s_.hw.name);
+  if (kv_hbm < slot)  // the weights fit; one block of this many tokens does not
+    input_error("--block-tokens",
+                "{} tokens make a KV slot of {:.1f} GB, more than the {:.1f} GB of HBM the "
+                "weights leave on {} x {}",
+                s_.block_tokens, slot / 1e9, kv_hbm / 1e9, s_.cards, s_.hw.name);
   c.capacity_slots[0] = static_cast<std::uint64_t>(kv_hbm / slot);
   if (pol_.dram)
     c.capacity_slots[1] =

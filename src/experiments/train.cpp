@@ -30,7 +30,7 @@ const std::vector<std::string>& train_policy_names() {
 
 void TrainScenario::validate() const {
   shape.validate("--model");
-  train.validate();
+  train.validate(workload::kTrainSimFlags);
   if (cards == 0) input_error("--cards", "must be >= 1");
   if (steps < 2) input_error("--steps", "must be >= 2 (the first step warms up)");
   const auto& n = train_policy_names();

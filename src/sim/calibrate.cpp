@@ -227,7 +227,7 @@ void sgemm_blocked(int n, const float* a, const float* b, float* c) {
 
 Measurements measure_machine(const CalibrateOptions& o) {
   if (!(o.seconds > 0) || o.seconds > 3600)
-    input_error("--seconds", "{} must be above 0 and at most 3600", o.seconds);
+    input_error(o.seconds_flag, "{} must be above 0 and at most 3600", o.seconds);
   std::error_code ec;
   if (!std::filesystem::is_directory(o.dir, ec))
     input_error("--dir", "'{}' is not a directory", o.dir);

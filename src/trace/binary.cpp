@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include <simdjson.h>
 #include <xxhash.h>
 
 #include "u3m/trace/io.hpp"
@@ -251,6 +252,9 @@ class Decoder {
   std::string_view str(Cursor& c, std::uint32_t r, std::string_view field) {
     std::string_view s;
     if (!c.str(s)) bad(r, field, "truncated string");
+    // JSON lines hold UTF-8 only: a trace that one format can hold and the
+    // other cannot would fail at `trace convert` (found by fuzz_binary).
+    if (!simdjson::validate_utf8(s.data(), s.size())) bad(r, field, "not valid UTF-8");
     return s;
   }
 

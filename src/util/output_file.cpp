@@ -5,7 +5,10 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "u3m/util/error.hpp"
 
 namespace u3m {
 namespace {
@@ -19,9 +22,14 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
     f_ = stdout;
     return;
   }
+  // A path that cannot be written is the user's bad input (InputError, exit
+  // 2), found here before any work: a directory would only fail at commit().
+  struct stat st{};
+  if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw InputError(fmt::format("{}: cannot create: {}", path_, std::strerror(EISDIR)));
   tmp_ = fmt::format("{}.tmp.{}", path_, ::getpid());
   f_ = std::fopen(tmp_.c_str(), "wb");
-  if (!f_) fail(path_, "cannot create");
+  if (!f_) throw InputError(fmt::format("{}: cannot create: {}", path_, std::strerror(errno)));
 }
 
 OutputFile::~OutputFile() {

@@ -25,24 +25,26 @@ std::string TimeModel::describe() const {
       peak_flops / 1e12, hbm_bytes_per_s / 1e9, op_overhead_ns / 1e3, link_bytes_per_s / 1e9);
 }
 
-void TrainConfig::validate() const {
+void TrainConfig::validate(const TrainFlags& flags) const {
   auto positive = [](std::uint64_t v, std::string_view field) {
     if (v == 0) input_error(field, "must be a positive integer");
   };
-  positive(steps, "--steps");
-  positive(micro_batches, "--micro-batches");
-  positive(micro_batch_size, "--batch");
-  positive(seq_len, "--seq-len");
-  positive(zero3_ranks, "--zero3-ranks");
+  positive(steps, flags.steps);
+  positive(micro_batches, flags.micro_batches);
+  positive(micro_batch_size, flags.micro_batch_size);
+  positive(seq_len, flags.seq_len);
+  positive(zero3_ranks, flags.zero3_ranks);
   positive(zero3_shards, "zero3_shards");
   if (zero3_shards > 1 && zero3_shards >= zero3_ranks)
     input_error("zero3_shards", "{} shards on one of {} ranks leaves no other rank", zero3_shards,
                 zero3_ranks);
-  if (lora_rank > 65536) input_error("--lora-rank", "{} is larger than any projection", lora_rank);
+  if (lora_rank > 65536)
+    input_error(flags.lora_rank, "{} is larger than any projection", lora_rank);
   if (lora_rank > 0 && lora_targets.empty())
     input_error("--lora-targets", "LoRA needs at least one target projection");
   if (tokens_per_micro_batch() > (1ull << 32))
-    input_error("--batch", "batch x seq-len = {} tokens is too large", tokens_per_micro_batch());
+    input_error(flags.micro_batch_size, "{} x {} = {} tokens per micro-batch is too large",
+                flags.micro_batch_size, flags.seq_len, tokens_per_micro_batch());
 }
 
 LengthDist LengthDist::fixed_len(std::uint32_t n) {
@@ -103,10 +105,10 @@ std::string LengthDist::describe() const {
   switch (kind) {
     case Kind::fixed:
       return fmt::format("fixed:{}", max);
-    case Kind::uniform:
-      return fmt::format("uniform:{:g}:{}", a, max);
-    case Kind::lognormal:
-      return fmt::format("lognormal:{:g}:{:g}:{}", a, b, max);
+    case Kind::uniform:  // a is an integer; %g would round 1234567 to 1.23457e+06
+      return fmt::format("uniform:{}:{}", static_cast<std::uint32_t>(a), max);
+    case Kind::lognormal:  // {}: the shortest text that reads back as the same double
+      return fmt::format("lognormal:{}:{}:{}", a, b, max);
   }
   return "?";
 }

@@ -32,25 +32,31 @@ double ZipfSampler::probability(std::uint32_t rank) const {
   return rank == 0 ? cdf_[0] : cdf_[rank] - cdf_[rank - 1];
 }
 
-void RagConfig::validate() const {
-  if (corpus == 0) input_error("--corpus", "must be at least 1 passage");
+void RagConfig::validate(std::string_view prefix) const {
+  auto field = [&](std::string_view key) { return fmt::format("{}{}", prefix, key); };
+  if (corpus == 0) input_error(field("corpus"), "must be at least 1 passage");
+  // Bounds on what one run can hold: the sampler keeps a double per passage
+  // and every request is kept in memory.
+  if (corpus > kMaxCorpus) input_error(field("corpus"), "{} passages: at most {}", corpus, kMaxCorpus);
+  if (requests > kMaxRequests)
+    input_error(field("requests"), "{} requests: at most {}", requests, kMaxRequests);
   if (passages_per_request > corpus)
-    input_error("--passages", "{} passages per request, but the corpus has only {}",
+    input_error(field("passages"), "{} passages per request, but the corpus has only {}",
                 passages_per_request, corpus);
   if (!std::isfinite(zipf_s) || zipf_s < 0)
-    input_error("--zipf", "must be a finite number >= 0, got {}", zipf_s);
+    input_error(field("zipf"), "must be a finite number >= 0, got {}", zipf_s);
   if (!(rate_per_s > 0) || !std::isfinite(rate_per_s))
-    input_error("--rate", "must be a positive number of requests per second");
-  if (turns == 0) input_error("--turns", "must be at least 1");
+    input_error(field("rate"), "must be a positive number of requests per second");
+  if (turns == 0) input_error(field("turns"), "must be at least 1");
   if (!(followup_prob >= 0 && followup_prob <= 1))
-    input_error("--followup-prob", "must be between 0 and 1, got {}", followup_prob);
+    input_error(field("followup-prob"), "must be between 0 and 1, got {}", followup_prob);
   // The longest possible prompt: the last turn carries every earlier question and answer.
   const std::uint64_t longest = std::uint64_t{system_tokens} +
                                 std::uint64_t{passages_per_request} * passage.upper_bound() +
                                 std::uint64_t{turns} * question.upper_bound() +
                                 std::uint64_t{turns - 1} * output.upper_bound();
   if (longest > UINT32_MAX)
-    input_error("--turns", "prompts could reach {} tokens, more than 2^32 - 1", longest);
+    input_error(field("turns"), "prompts could reach {} tokens, more than 2^32 - 1", longest);
 }
 
 std::string RagConfig::describe() const {

@@ -17,6 +17,7 @@ expect_error() {
   local rc=$?
   local lines; lines=$(wc -l <"$tmp/err")
   if [ $rc -eq 0 ]; then bad "$name: exit 0"; return; fi
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then bad "$name: timed out (a hang?)"; return; fi
   if [ -n "${WANT_RC:-}" ] && [ $rc -ne "$WANT_RC" ]; then bad "$name: exit $rc, want $WANT_RC"; return; fi
   if [ "$lines" -ne 1 ]; then bad "$name: $lines stderr lines: $(cat "$tmp/err")"; return; fi
   if ! grep -qF -- "$want" "$tmp/err"; then bad "$name: '$want' not in: $(cat "$tmp/err")"; return; fi

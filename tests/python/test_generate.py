@@ -21,9 +21,12 @@ SOURCE_DIR = os.environ.get("U3M_SOURCE_DIR", os.path.join(os.path.dirname(__fil
 CFG = ModelConfig(vocab_size=256, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=96, max_seq_len=48)
 
 
+SLOT = 8 * 2 * CFG.n_kv_heads * CFG.head_dim * 4  # 8-token blocks of K and V, one layer per group, fp32
+
+
 def manager(budget_fraction=0.25, batch=2, max_len=40, host_blocks=None, ssd_blocks=0):
     footprint = kv_footprint_bytes(CFG, batch, max_len)
-    slot = 8 * 2 * CFG.n_kv_heads * CFG.head_dim * 4  # 8-token blocks, one layer per group
+    slot = SLOT
     host = host_blocks * slot if host_blocks else 4 * footprint
     return TieredKVManager(CFG, device_budget_bytes=int(budget_fraction * footprint), host_bytes=host,
                            ssd_bytes=ssd_blocks * slot, block_tokens=8, layers_per_group=1), footprint
@@ -50,7 +53,10 @@ class TieredKVCacheTest(unittest.TestCase):
         st = m.stats()
         self.assertGreater(st["reads_by_tier"][1], 0, "nothing was read from host: the test tests nothing")
         self.assertLessEqual(m.peak_device_bytes, m.kv_budget_bytes)
-        self.assertLessEqual(m.kv_budget_bytes, footprint // 4)
+        # The budget is the whole slots that fit in a quarter of the footprint (<= a quarter held
+        # by construction; this catches a manager that rounds up past the budget or ignores it).
+        self.assertEqual(footprint, CFG.n_layers * 2 * 40 * 2 * CFG.n_kv_heads * CFG.head_dim * 4)
+        self.assertEqual(m.kv_budget_bytes, int(0.25 * footprint) // SLOT * SLOT)
         self.assertGreater(m.peak_device_bytes, 0)
         m.store.check_agreement()
         with self.assertRaises(RuntimeError):
@@ -140,7 +146,15 @@ class GenerateExampleTest(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertTrue(r["tokens_equal"])
         self.assertLessEqual(r["peak_kv_device_bytes"], r["kv_budget_bytes"])
-        self.assertLessEqual(r["kv_budget_bytes"], 0.25 * r["kv_footprint_bytes"])
+        # Footprint: K and V of every layer for the batch's longest sequence, fp32; the budget the
+        # whole KV slots inside a quarter of it. (budget <= 0.25 x footprint held by construction:
+        # this catches a footprint that drops K, V or a layer, and a budget rounded up.)
+        mo = r["model"]
+        max_len = r["prompt_tokens"] + r["new_tokens"]
+        self.assertEqual(r["kv_footprint_bytes"],
+                         mo["layers"] * r["batch"] * max_len * 2 * mo["kv_heads"] * mo["head_dim"] * 4)
+        slot = r["block_tokens"] * r["layers_per_group"] * 2 * mo["kv_heads"] * mo["head_dim"] * 4
+        self.assertEqual(r["kv_budget_bytes"], int(0.25 * r["kv_footprint_bytes"]) // slot * slot)
         self.assertGreater(r["peak_kv_device_bytes"], 0)
         self.assertGreater(r["kv_reads_by_tier"]["host"], 0)  # KV really lived off the device
         self.assertGreater(r["prefix_hit_blocks"], 0)

@@ -33,6 +33,7 @@ namespace u3m::sim {
 struct CalibrateOptions {
   std::string dir = "/var/tmp";  // where the SSD test file goes
   double seconds = 10;           // total measuring time, split over the steps
+  std::string_view seconds_flag = "--seconds";  // what errors call `seconds`
   std::uint64_t hbm_capacity = 4ull << 30;
   std::string host;  // machine label for sources, e.g. "box, 2 cores"
   std::string date;  // "2025-06-01"

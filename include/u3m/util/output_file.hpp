@@ -14,7 +14,9 @@ namespace u3m {
 
 class OutputFile {
  public:
-  explicit OutputFile(std::string path);  // throws std::runtime_error naming the path
+  // Throws InputError naming the path when it cannot be created (a missing
+  // directory, a directory in its place); later failures are runtime_errors.
+  explicit OutputFile(std::string path);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;

@@ -35,6 +35,16 @@ struct TimeModel {
   std::string describe() const;
 };
 
+// The names TrainConfig::validate() gives the fields: `u3m trace gen`'s flags
+// by default; `u3m train sim` spells some differently (kTrainSimFlags).
+struct TrainFlags {
+  std::string_view steps = "--steps", micro_batches = "--micro-batches",
+                   micro_batch_size = "--batch", seq_len = "--seq-len", lora_rank = "--lora-rank",
+                   zero3_ranks = "--zero3-ranks";
+};
+inline constexpr TrainFlags kTrainSimFlags{"--steps", "--grad-accum", "--micro-batch",
+                                           "--seq",   "--lora-rank",  "--cards"};
+
 struct TrainConfig {
   std::uint32_t steps = 2;
   std::uint32_t micro_batches = 1;     // gradient accumulation: optimizer once per step
@@ -59,7 +69,8 @@ struct TrainConfig {
   bool lora() const { return lora_rank > 0; }
   bool recomputes(std::uint32_t layer) const { return recompute || layer < recompute_layers; }
   bool zero3() const { return zero3_ranks > 1; }
-  void validate() const;  // throws InputError naming the field
+  // Throws InputError naming the field by its flag in `flags`.
+  void validate(const TrainFlags& flags = {}) const;
 };
 
 // A request length distribution: "fixed:N", "uniform:LO:HI" or

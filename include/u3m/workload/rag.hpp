@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "u3m/workload/config.hpp"
@@ -53,7 +54,11 @@ struct RagConfig {
   double followup_prob = 0.5;  // an arrival continues an open session with this probability
   std::uint64_t seed = 1;
 
-  void validate() const;         // throws InputError naming the CLI flag
+  // Throws InputError naming the field as `prefix` + its key: the CLI flag
+  // ("--zipf") by default; serve's "rag:KEY=V" spec passes kSpecPrefix.
+  static constexpr std::string_view kSpecPrefix = "--requests rag:";
+  static constexpr std::uint32_t kMaxCorpus = 10'000'000, kMaxRequests = 10'000'000;
+  void validate(std::string_view prefix = "--") const;
   std::string describe() const;  // one line, enough to recreate the workload
 };
 
