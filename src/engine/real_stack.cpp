@@ -61,6 +61,11 @@ RealStack::RealStack(const RealStackOptions& o)
     so.path = dir + "/" + o.ssd_file;
     so.capacity = o.ssd_bytes;
     so.engine = o.ssd_io;
+    so.scrub_bytes_per_s = static_cast<std::uint64_t>(o.ssd_scrub_bytes_per_s);
+    so.on_corrupt = [this](std::uint64_t key) {
+      std::lock_guard g(corrupt_mu_);
+      if (corrupt_sink_) corrupt_sink_->ssd_copy_failed(key);
+    };
     std::string why;
     if (!mem::ok(mem::SsdStore::open(so, ssd_, &why)))
       input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir
@@ -68,16 +73,16 @@ RealStack::RealStack(const RealStackOptions& o)
   transport_ = std::make_unique<BackendTransport>(device_, ssd_.get());
   // The engine counts a completed write-back as a copy that checked out
   // (Note [Verified before dropped]); without the store's read-back it is not.
-  // The store does not read its writes back yet: no SSD copy counts as
-  // checked out, so every drop onto it is verified first.
-  if (ssd_) c.ssd_verify_max_age_ns = 0;
+  // The engine counts a completed write-back as a copy that checked out
+  // (Note [Verified before dropped]); without the store's read-back it is not.
+  if (ssd_ && !ssd_->options().verify_writes) c.ssd_verify_max_age_ns = 0;
   engine_ = std::make_unique<Engine>(c, pool_, host_, *transport_, clock_);
   std::lock_guard g(corrupt_mu_);
   corrupt_sink_ = engine_.get();
 }
 
 std::string RealStack::ssd_notice() const {
-  return {};
+  return ssd_ ? ssd_->open_notice() : std::string();
 }
 
 RealStack::Scratch::~Scratch() {

@@ -111,9 +111,7 @@ struct BackendTransport::Worker {
         if (t.link == Link::h2s) {
           owner.ssd_->put_async(t.tensor, t.src, t.bytes, /*evictable=*/false, cb);
         } else if (!t.dst) {
-          // Interim verify: a whole read into scratch (get checks every checksum).
-          auto buf = std::make_shared<std::vector<unsigned char>>(t.bytes);
-          owner.ssd_->get_async(t.tensor, buf->data(), t.bytes, [cb, buf](Status s) { cb(s); });
+          owner.ssd_->verify_async(t.tensor, cb);  // Note [Verified before dropped]
         } else {
           owner.ssd_->get_async(t.tensor, t.dst, t.bytes, cb);
         }

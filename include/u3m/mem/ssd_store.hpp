@@ -200,6 +200,7 @@ class SsdStore {
   // when nothing.
   const std::string& open_notice() const { return notice_; }
   const Capabilities& capabilities() const { return caps_; }
+  const SsdStoreOptions& options() const { return opt_; }
   const IoEngine& engine() const { return *engine_; }
   static constexpr std::uint32_t kBlock = 4096;
 
