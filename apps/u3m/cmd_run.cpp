@@ -20,7 +20,7 @@ namespace {
 
 struct ReplayArgs {
   std::string trace;
-  std::string device_budget, host_budget, ssd_size;
+  std::string device_budget, host_budget, ssd_size, ssd_faults;
   double device_fraction = 0.5;
   engine::ReplayOptions opt;
   bool json = false;
@@ -55,6 +55,32 @@ std::string tier_line(const char* name, const mem::TierReport& r) {
       mem::to_string(r.level), r.warnings, r.criticals, approx_bytes(r.growth_bytes_per_s), oom);
 }
 
+// What the SSD tier's checks saw (issue 14's fault classes): injected by
+// kind, and detected by the store and the engine.
+nlohmann::json faults_json(const engine::ReplayReport& r) {
+  nlohmann::json injected = nlohmann::json::object();
+  for (std::size_t k = 0; k < mem::kIoFaultKinds; ++k)
+    injected[std::string(mem::fault_name(static_cast<mem::IoFault>(k)))] = r.faults_injected[k];
+  const engine::EngineStats& s = r.engine;
+  return {{"injected", injected},
+          {"store",
+           {{"write_verify_failures", r.ssd.write_verify_failures},
+            {"checksum_failures", r.ssd.checksum_failures},
+            {"io_errors", r.ssd.io_errors},
+            {"short_writes", r.ssd.short_writes},
+            {"corrupt_retired", r.ssd.corrupt_retired},
+            {"scrubbed_bytes", r.ssd.scrubbed_bytes},
+            {"revalidations", r.ssd.revalidations}}},
+          {"engine",
+           {{"io_errors", s.io_errors},
+            {"no_space", s.no_space},
+            {"short_io", s.short_io},
+            {"corrupt_reads", s.corrupt_reads},
+            {"ssd_verifies", s.ssd_verifies},
+            {"ssd_verify_failures", s.ssd_verify_failures},
+            {"ssd_copies_failed", s.ssd_copies_failed}}}};
+}
+
 int run_replay(ReplayArgs& a) {
   if (!(a.device_fraction > 0 && a.device_fraction <= 1))
     input_error("--device-fraction", "must be in (0, 1], got {}", a.device_fraction);
@@ -67,6 +93,10 @@ int run_replay(ReplayArgs& a) {
   if (given("--host-budget")) o.host_budget = parse_size(a.host_budget, "--host-budget", kMax);
   if (given("--ssd-size")) o.ssd_capacity = parse_size(a.ssd_size, "--ssd-size", kMax);
   if (o.h2d_gbps < 0 || o.d2h_gbps < 0) input_error("--h2d-gbps/--d2h-gbps", "must be >= 0");
+  if (given("--ssd-faults")) {
+    o.ssd_faults = mem::FaultSpec::parse(a.ssd_faults, "--ssd-faults");
+    if (o.ssd_dir.empty()) input_error("--ssd-faults", "needs an SSD tier (--ssd-dir)");
+  }
 
   trace::Trace t = trace::load_trace(a.trace);
   const bool tty = isatty(STDERR_FILENO) && !a.json;
@@ -75,6 +105,7 @@ int run_replay(ReplayArgs& a) {
   };
   engine::ReplayReport r = engine::replay_trace(t, o, progress);
   if (tty) fmt::print(stderr, "\r\033[K");
+  if (!r.ssd_notice.empty()) fmt::print(stderr, "u3m: note: {}\n", r.ssd_notice);
   if (r.out_of_memory)
     input_error(a.trace,
                 "{}; the budgets cannot hold this op: raise --device-budget (or "
@@ -120,6 +151,8 @@ int run_replay(ReplayArgs& a) {
                         {"evictions", s.evictions},
                         {"clean_drops", s.clean_drops},
                         {"lost_tensors", s.lost_tensors},
+                        {"lost_bytes", s.lost_bytes},
+                        {"faults", faults_json(r)},
                         {"links", links},
                         {"device", tier_json(r.device)},
                         {"host", tier_json(r.host)},
@@ -149,6 +182,16 @@ int run_replay(ReplayArgs& a) {
         s.prefetch_hits);
     fmt::print("  evictions {} ({} clean, no write-back); lost tensors {}\n", s.evictions,
                s.clean_drops, s.lost_tensors);
+    if (r.ssd_capacity) {
+      std::uint64_t injected = 0;
+      for (std::uint64_t n : r.faults_injected) injected += n;
+      fmt::print(
+          "  SSD checks: {} faults injected; the store caught {} at write read-back, {} at "
+          "read checksums, {} I/O errors, and retired {} corrupt copies; the engine verified "
+          "{} copies before dropping their upper copy ({} failed, upper kept)\n",
+          injected, r.ssd.write_verify_failures, r.ssd.checksum_failures, r.ssd.io_errors,
+          r.ssd.corrupt_retired, s.ssd_verifies, s.ssd_verify_failures);
+    }
     fmt::print("  {:<5} {:>10} {:>12} {:>9} {:>8}\n", "link", "transfers", "bytes", "failures",
                "busy s");
     for (int l = 0; l < engine::kNumLinks; ++l) {
@@ -193,6 +236,10 @@ void add_run_commands(CLI::App& app) {
       ->check(CLI::ExistingDirectory);
   rp->add_option("--ssd-size", a->ssd_size,
                  "SSD tier size (default: twice the footprint + 64 MiB)");
+  rp->add_option("--ssd-faults", a->ssd_faults,
+                 "Inject SSD faults, e.g. lost_write=0.01,bit_flip_on_read=0.02,seed=3 (kinds: "
+                 "eio_on_write, enospc_on_write, short_write, bit_flip_on_read, eio_on_read, "
+                 "lost_write, misdirected_write, torn_write); needs --ssd-dir");
   rp->add_option("--lookahead", a->opt.lookahead,
                  "Ops ahead whose tensors are prefetched (0 = none)")
       ->capture_default_str();

@@ -53,7 +53,7 @@ class TieredKVManager:
     def __init__(self, cfg: ModelConfig, *, device_budget_bytes: int, host_bytes: int,
                  ssd_bytes: int = 0, block_tokens: int = 16, layers_per_group: int = 1,
                  policy: str = "lru", dtype: torch.dtype = torch.float32, ssd_dir: str = "",
-                 model_id: str = ""):
+                 model_id: str = "", ssd_faults: str = ""):
         if device_budget_bytes <= 0 or host_bytes <= 0 or ssd_bytes < 0:
             raise ValueError("TieredKVManager: device_budget_bytes and host_bytes must be > 0, "
                              f"ssd_bytes >= 0; got {device_budget_bytes}, {host_bytes}, {ssd_bytes}")
@@ -73,7 +73,8 @@ class TieredKVManager:
                              f"KV block ({slot} B = {block_tokens} tokens x {layers_per_group} layers)")
         slots = (device_budget_bytes // slot, max(1, host_bytes // slot), ssd_bytes // slot)
         config = _core.KvConfig(self.geometry, capacity_slots=slots, policy=policy, overcommit=0)
-        self.store = _core.TieredKvStore(config, ssd_dir=ssd_dir)
+        # ssd_faults (tests): faults injected under the SSD tier, e.g. "lost_write=0.05,seed=1".
+        self.store = _core.TieredKvStore(config, ssd_dir=ssd_dir, ssd_faults=ssd_faults)
         self.kv_budget_bytes = slots[0] * slot
         self._next_id = 1
 

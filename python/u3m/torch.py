@@ -315,7 +315,8 @@ class Offload:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  budget_bytes: Optional[int] = None, budget_fraction: Optional[float] = None,
                  host_bytes: Optional[int] = None, lookahead_bytes: Optional[int] = None,
-                 offload_activations: bool = True, ssd_dir: str = "", ssd_bytes: int = 0):
+                 offload_activations: bool = True, ssd_dir: str = "", ssd_bytes: int = 0,
+                 ssd_faults: str = ""):
         if (budget_bytes is None) == (budget_fraction is None):
             raise ValueError("u3m.torch.offload: give exactly one of budget_bytes and budget_fraction")
         self.model, self.optimizer = model, optimizer
@@ -349,7 +350,7 @@ class Offload:
                              f"{largest} bytes the largest parameter's optimizer step holds at once")
         self.budget_bytes = budget_bytes
         self.rt = _core.Runtime(budget_bytes, host_bytes or max(8 * self.footprint_bytes, 256 << 20),
-                                ssd_dir, ssd_bytes)
+                                ssd_dir, ssd_bytes, ssd_faults=ssd_faults)
         self.offload_activations = offload_activations
         self._sizes: Dict[int, int] = {}
         self._live: set = set()  # engine ids registered now

@@ -54,13 +54,19 @@ RealStack::RealStack(const RealStackOptions& o)
   c.device.capacity = o.device_bytes;
   c.host.capacity = o.host_bytes;
   c.validate();
+  if (!o.ssd_faults.empty() && !o.ssd_bytes)
+    input_error("real stack", "SSD faults ({}) need an SSD tier", o.ssd_faults.describe());
   if (o.ssd_bytes) {
     std::string dir = o.ssd_dir;
     if (dir.empty()) dir = scratch_.path = make_scratch_dir();
     mem::SsdStoreOptions so;
     so.path = dir + "/" + o.ssd_file;
     so.capacity = o.ssd_bytes;
-    so.engine = o.ssd_io;
+    if (!o.ssd_faults.empty()) {
+      if (o.ssd_io) input_error("real stack", "ssd_faults and ssd_io cannot both be given");
+      faults_ = mem::make_fault_engine(o.ssd_faults);
+    }
+    so.engine = faults_ ? faults_ : o.ssd_io;
     so.scrub_bytes_per_s = static_cast<std::uint64_t>(o.ssd_scrub_bytes_per_s);
     so.on_corrupt = [this](std::uint64_t key) {
       std::lock_guard g(corrupt_mu_);

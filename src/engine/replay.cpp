@@ -237,6 +237,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
   so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
   so.expandable_segments = o.expandable_segments;
+  so.ssd_faults = o.ssd_faults;
   RealStack stack(so);
   Engine& engine = stack.engine();
 
@@ -395,6 +396,11 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   rep.device = engine.monitor(Tier::device);
   rep.host = engine.monitor(Tier::host);
   rep.pool = stack.pool().stats();
+  if (stack.ssd()) rep.ssd = stack.ssd()->stats();
+  rep.ssd_notice = stack.ssd_notice();
+  if (const mem::FaultInjectionIoEngine* f = stack.faults())
+    for (std::size_t k = 0; k < mem::kIoFaultKinds; ++k)
+      rep.faults_injected[k] = f->injected(static_cast<mem::IoFault>(k));
   return rep;
 }
 

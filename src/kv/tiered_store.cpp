@@ -90,6 +90,7 @@ engine::RealStackOptions TieredStore::stack_options(const KvConfig& c,
     r.ssd_bytes = all * per + mem::MiB;
   }
   r.ssd_dir = o.ssd_dir;
+  r.ssd_faults = o.ssd_faults;
   for (engine::TierLimits* t : {&r.engine.device, &r.engine.host}) {
     t->high_watermark = 1.0;  // the manager decides every eviction
     t->low_watermark = 1.0;
@@ -184,12 +185,25 @@ void TieredStore::move_to_ssd(engine::TensorId id, Tier from) {
   engine::Engine& e = stack_.engine();
   auto r = e.residency(id);
   if (!r->valid[idx(from)]) return;  // never written (or already clean on SSD)
-  check(e.evict(id, from), "evict", id);
-  e.drain();
-  r = e.residency(id);
-  if (r->valid[0] || r->valid[1] || !r->valid[idx(Tier::ssd)])
-    throw std::runtime_error(fmt::format("kv store: write-back of block {} to SSD failed", id));
-  st_.moved_bytes += slot_bytes_;
+  // A failed write-back (an I/O error, or a write the store's read-back
+  // caught) leaves the upper copy valid (Note [Upper copy until the lower is
+  // confirmed] in engine.cpp), so it is tried again; a disk that fails every
+  // attempt is an error the caller sees.
+  constexpr int kAttempts = 8;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    check(e.evict(id, from), "evict", id);
+    e.drain();
+    r = e.residency(id);
+    if (!r->valid[0] && !r->valid[1] && r->valid[idx(Tier::ssd)]) {
+      st_.moved_bytes += slot_bytes_;
+      return;
+    }
+    if (!r->valid[idx(from)])
+      throw std::logic_error(fmt::format("kv store: block {} lost its only copy", id));
+  }
+  throw std::runtime_error(
+      fmt::format("kv store: write-back of block {} to SSD failed {} times; the block stays in {}",
+                  id, kAttempts, mem::to_string(from)));
 }
 
 engine::TensorId TieredStore::locate(RequestId id, std::uint32_t block, std::uint32_t group,

@@ -2,6 +2,7 @@
 target_sources(u3m_mem PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/io_engine_uring.cpp
   ${CMAKE_CURRENT_LIST_DIR}/io_engine_fault.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fault_spec.cpp
   ${CMAKE_CURRENT_LIST_DIR}/ssd_store.cpp)
 target_link_libraries(u3m_mem PUBLIC PkgConfig::URING PkgConfig::XXHASH)
 

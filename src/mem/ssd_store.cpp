@@ -267,10 +267,10 @@ struct SsdStore::Request {
 
   // A get, a verify, or a put re-validating the stored version: the entry read.
   Entry* pinned = nullptr;
-  Status first = Status::ok;  // outcome of the first read pass, before confirmation
-  unsigned rereads = 0;       // confirmation passes so far (Note [Corrupt at rest])
+  Status first = Status::ok;         // outcome of the first read pass, before confirmation
+  unsigned rereads = 0;              // confirmation passes so far (Note [Corrupt at rest])
   Status reread_error = Status::ok;  // the first I/O failure of a confirmation pass
-  bool retire = false;        // confirmed corrupt at rest
+  bool retire = false;               // confirmed corrupt at rest
   std::vector<std::vector<std::uint64_t>> seen;  // per extent: hashes of its bad reads so far
 
   // The read pass in flight: extents `todo` of `*xs`, into the caller's buffer
@@ -278,8 +278,8 @@ struct SsdStore::Request {
   const std::vector<Extent>* xs = nullptr;
   std::vector<std::uint32_t> todo;
   unsigned char* user = nullptr;
-  std::vector<AlignedBuf> bufs;     // scratch slots, or a user read's bounce buffers
-  std::vector<std::uint8_t> bad;    // per extent of *xs: failed its check in this pass
+  std::vector<AlignedBuf> bufs;      // scratch slots, or a user read's bounce buffers
+  std::vector<std::uint8_t> bad;     // per extent of *xs: failed its check in this pass
   std::vector<std::uint64_t> print;  // per bad extent: a hash of the whole buffer it read
   std::atomic<std::size_t> next{0};  // the next index of todo to start
 
@@ -706,7 +706,8 @@ void SsdStore::put_async(std::uint64_t key, const void* data, std::size_t bytes,
   notify(opt_.on_evict, evicted);
   if (!ok(refused)) return r->done(refused);
   Request* raw = r.release();
-  if (raw->pinned) return start_read(raw, raw->pinned->extents, all_extents(raw->pinned->extents.size()), nullptr);
+  if (raw->pinned)
+    return start_read(raw, raw->pinned->extents, all_extents(raw->pinned->extents.size()), nullptr);
   start_write(raw);
 }
 
@@ -829,7 +830,11 @@ IoOp SsdStore::read_op(Request* r, std::size_t k, std::size_t slot) {
   const auto io_len = static_cast<std::uint32_t>(rounded(x.len));
   unsigned char* dst = r->user ? r->user + i * std::size_t{opt_.chunk_bytes} : nullptr;
   unsigned char* buf = r->bufs[slot] ? r->bufs[slot].get() : dst;
-  return IoOp{IoKind::read, fd_, buf, io_len, x.offset,
+  return IoOp{IoKind::read,
+              fd_,
+              buf,
+              io_len,
+              x.offset,
               [this, r, slot, i, x, io_len, dst, buf](std::int64_t res) {
                 if (res < 0) {
                   r->io_errors++;
@@ -904,10 +909,10 @@ void SsdStore::pass_done(Request* r) {
   }
   // What the entry's data is: corrupt at rest; unjudgeable (every read of an
   // extent differed); else what the reads said.
-  const Status verdict = r->retire                        ? Status::corrupt
-                         : !undecided.empty()             ? Status::io_error
+  const Status verdict = r->retire                     ? Status::corrupt
+                         : !undecided.empty()          ? Status::io_error
                          : r->first == Status::corrupt ? r->reread_error
-                                                          : r->first;
+                                                       : r->first;
   r->bufs.clear();
   if (r->pass == Request::Pass::revalidate) return revalidated(r, verdict);
   r->final = r->op == Request::Op::get ? r->first : verdict;
@@ -1128,6 +1133,15 @@ bool SsdStore::contains(std::uint64_t key, std::size_t* size) const {
   if (found == index_.end() || !found->second.entry) return false;
   if (size) *size = found->second.entry->size;
   return true;
+}
+
+std::vector<std::pair<std::uint64_t, std::uint32_t>> SsdStore::extents(std::uint64_t key) const {
+  std::lock_guard lk(mu_);
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> out;
+  auto found = index_.find(key);
+  if (found == index_.end() || !found->second.entry) return out;
+  for (const Extent& x : found->second.entry->extents) out.emplace_back(x.offset, x.len);
+  return out;
 }
 
 Status SsdStore::set_evictable(std::uint64_t key, bool evictable) {

@@ -164,12 +164,18 @@ void bind_kv(py::module_& m) {
   py::class_<TieredStore>(m, "TieredKvStore",
                           "KV blocks as engine tensors on the real runtime: device-emu HBM, "
                           "pinned host DRAM, an SSD store (docs/kv.md, 'The data path')")
-      .def(py::init([](const KvConfig& c, const std::string& ssd_dir) {
-             TieredStoreOptions o;
-             o.ssd_dir = ssd_dir;
-             return std::make_unique<TieredStore>(c, o);
-           }),
-           py::arg("config"), py::kw_only(), py::arg("ssd_dir") = "")
+      .def(py::init(
+               [](const KvConfig& c, const std::string& ssd_dir, const std::string& ssd_faults) {
+                 TieredStoreOptions o;
+                 o.ssd_dir = ssd_dir;
+                 if (!ssd_faults.empty())
+                   o.ssd_faults = mem::FaultSpec::parse(ssd_faults, "ssd_faults");
+                 return std::make_unique<TieredStore>(c, o);
+               }),
+           py::arg("config"), py::kw_only(), py::arg("ssd_dir") = "", py::arg("ssd_faults") = "")
+      .def(
+          "ssd_stats", [](const TieredStore& s) { return ssd_dict(s.stack()); },
+          "The SSD tier's checks and the faults injected under it (Runtime.stats()['ssd']).")
       // prompt: [(segment id, tokens), ...]. Returns (result, Admission or None): result is
       // "admitted", "queued", "refused_queue_full" or "too_large".
       .def(

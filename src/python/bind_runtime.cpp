@@ -27,6 +27,7 @@ struct RuntimeOptions {
   std::string ssd_dir;  // "" = no SSD tier
   std::uint64_t ssd_capacity = 0;
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
+  std::string ssd_faults;             // mem::FaultSpec text; "" = none
 };
 
 const RuntimeOptions& validated(const RuntimeOptions& o) {
@@ -49,6 +50,7 @@ engine::RealStackOptions stack_options(const RuntimeOptions& o) {
   so.ssd_file = "u3m-python.ssd";
   so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
   so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
+  if (!o.ssd_faults.empty()) so.ssd_faults = mem::FaultSpec::parse(o.ssd_faults, "ssd_faults");
   return so;
 }
 
@@ -58,6 +60,7 @@ class Runtime {
   explicit Runtime(const RuntimeOptions& o) : opt_(validated(o)), stack_(stack_options(opt_)) {}
 
   engine::Engine& engine() { return stack_.engine(); }
+  const engine::RealStack& stack() const { return stack_; }
   const RuntimeOptions& options() const { return opt_; }
   bool has_ssd() const { return stack_.has_ssd(); }
 
@@ -189,6 +192,31 @@ PyLease make_lease(const std::shared_ptr<Runtime>& rt, const engine::Lease& l) {
 
 }  // namespace
 
+// The SSD store's checks and the faults injected under it (issue 14).
+py::dict ssd_dict(const engine::RealStack& stack) {
+  py::dict d;
+  if (const mem::SsdStore* ssd = stack.ssd()) {
+    const mem::SsdStoreStats s = ssd->stats();
+    d["write_verify_failures"] = s.write_verify_failures;
+    d["checksum_failures"] = s.checksum_failures;
+    d["io_errors"] = s.io_errors;
+    d["corrupt_retired"] = s.corrupt_retired;
+    d["scrubbed_bytes"] = s.scrubbed_bytes;
+    d["revalidations"] = s.revalidations;
+    d["notice"] = ssd->open_notice();
+  }
+  py::dict injected;
+  if (const mem::FaultInjectionIoEngine* f = stack.faults()) {
+    for (std::size_t k = 0; k < mem::kIoFaultKinds; ++k) {
+      const auto kind = static_cast<mem::IoFault>(k);
+      injected[py::str(std::string(mem::fault_name(kind)))] = f->injected(kind);
+    }
+    injected["at_rest"] = f->injected_at_rest();
+  }
+  d["faults_injected"] = injected;
+  return d;
+}
+
 void bind_runtime(py::module_& m) {
   py::register_exception<EngineError>(m, "EngineError", PyExc_RuntimeError);
 
@@ -225,8 +253,9 @@ void bind_runtime(py::module_& m) {
       "memory and an optional SSD store (docs/runtime.md, docs/pytorch.md).")
       .def(py::init([](const py::object& device_budget, const py::object& host_budget,
                        const std::string& ssd_dir, const py::object& ssd_capacity, double h2d_gbps,
-                       double d2h_gbps) {
+                       double d2h_gbps, const std::string& ssd_faults) {
              RuntimeOptions o;
+             o.ssd_faults = ssd_faults;
              o.device_budget = budget_arg(device_budget, "device_budget");
              o.host_budget = budget_arg(host_budget, "host_budget");
              o.ssd_dir = ssd_dir;
@@ -237,7 +266,7 @@ void bind_runtime(py::module_& m) {
            }),
            py::arg("device_budget"), py::arg("host_budget") = py::int_(1ll << 30),
            py::arg("ssd_dir") = "", py::arg("ssd_capacity") = py::int_(0),
-           py::arg("h2d_gbps") = 0.0, py::arg("d2h_gbps") = 0.0)
+           py::arg("h2d_gbps") = 0.0, py::arg("d2h_gbps") = 0.0, py::arg("ssd_faults") = "")
       .def_property_readonly("device_budget",
                              [](const Runtime& r) { return r.options().device_budget; })
       .def_property_readonly("host_budget",
@@ -339,7 +368,35 @@ void bind_runtime(py::module_& m) {
             return d;
           },
           py::arg("id"), "Where the tensor's latest data is, or None if not registered.")
-      .def("stats", [](Runtime& r) { return stats_dict(r.engine().stats()); })
+      .def("stats",
+           [](Runtime& r) {
+             py::dict d = stats_dict(r.engine().stats());
+             d["ssd"] = ssd_dict(r.stack());
+             return d;
+           })
+      .def(
+          "corrupt_ssd_copy",
+          [](Runtime& r, TensorId id, std::uint64_t seed) {
+            mem::FaultInjectionIoEngine* f = r.stack().faults();
+            const mem::SsdStore* ssd = r.stack().ssd();
+            if (!f || !ssd) input_error("corrupt_ssd_copy", "the Runtime has no ssd_faults engine");
+            const auto xs = ssd->extents(id);
+            if (xs.empty()) return false;
+            return mem::ok(f->corrupt_at_rest(ssd->file(), xs[0].first, xs[0].second, seed));
+          },
+          py::arg("id"), py::arg("seed") = 1,
+          "Flips a bit of the tensor's SSD copy in the file (a test of corruption at rest; needs "
+          "ssd_faults). False if the tensor has no SSD copy.")
+      .def(
+          "corrupt_ssd_at_rest",
+          [](Runtime& r, std::uint64_t seed) {
+            mem::FaultInjectionIoEngine* f = r.stack().faults();
+            if (!f) input_error("corrupt_ssd_at_rest", "the Runtime has no ssd_faults engine");
+            return f->corrupt_random_written(seed);
+          },
+          py::arg("seed"),
+          "Flips a bit in a range the SSD tier wrote lately (a test of corruption at rest; "
+          "needs ssd_faults). False if nothing was written yet.")
       .def(
           "monitor",
           [](Runtime& r, const std::string& tier) {

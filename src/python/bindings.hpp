@@ -12,3 +12,12 @@ void bind_kv(pybind11::module_& m);       // bind_kv.cpp: the tiered KV store
 void bind_serve(pybind11::module_& m);    // bind_serve.cpp: the serving simulator
 
 }  // namespace u3m::python
+
+namespace u3m::engine {
+class RealStack;
+}
+namespace u3m::python {
+// The SSD store's checks and the faults injected under a stack (bind_runtime.cpp).
+pybind11::dict ssd_dict(const engine::RealStack& stack);
+
+}  // namespace u3m::python

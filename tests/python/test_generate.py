@@ -24,12 +24,13 @@ CFG = ModelConfig(vocab_size=256, d_model=64, n_layers=3, n_heads=4, n_kv_heads=
 SLOT = 8 * 2 * CFG.n_kv_heads * CFG.head_dim * 4  # 8-token blocks of K and V, one layer per group, fp32
 
 
-def manager(budget_fraction=0.25, batch=2, max_len=40, host_blocks=None, ssd_blocks=0):
+def manager(budget_fraction=0.25, batch=2, max_len=40, host_blocks=None, ssd_blocks=0, ssd_faults=""):
     footprint = kv_footprint_bytes(CFG, batch, max_len)
     slot = SLOT
     host = host_blocks * slot if host_blocks else 4 * footprint
     return TieredKVManager(CFG, device_budget_bytes=int(budget_fraction * footprint), host_bytes=host,
-                           ssd_bytes=ssd_blocks * slot, block_tokens=8, layers_per_group=1), footprint
+                           ssd_bytes=ssd_blocks * slot, block_tokens=8, layers_per_group=1,
+                           ssd_faults=ssd_faults), footprint
 
 
 class TieredKVCacheTest(unittest.TestCase):
@@ -96,12 +97,25 @@ class TieredKVCacheTest(unittest.TestCase):
     def test_generation_through_dram_and_ssd_matches_untiered(self):
         """A DRAM tier too small for the cached prompts pushes them to the SSD tier; a repeated
         batch promotes them on its prefix hit. Tokens equal the untiered run's."""
+        self._through_dram_and_ssd("")
+
+    def test_ssd_faults_under_the_kv_cache_change_no_token(self):
+        """Issue 14: every I/O fault class but the misdirected write injected under the SSD
+        tier; the store's checks catch them and the tokens are still the untiered run's."""
+        st = self._through_dram_and_ssd(
+            "eio_on_write=0.1,enospc_on_write=0.1,short_write=0.1,bit_flip_on_read=0.1,"
+            "eio_on_read=0.1,lost_write=0.1,torn_write=0.1,seed=4")
+        injected = sum(v for k, v in st["faults_injected"].items() if k != "at_rest")
+        self.assertGreater(injected, 0)
+        self.assertGreater(st["write_verify_failures"] + st["checksum_failures"] + st["io_errors"], 0)
+
+    def _through_dram_and_ssd(self, faults):
         torch.manual_seed(0)
         model = Decoder(CFG).eval()
         system = torch.randint(0, 256, (16,))
         batches = [torch.cat([system.expand(2, -1), torch.randint(0, 256, (2, 9))], 1) for _ in range(4)]
         batches.append(batches[0])  # its third prompt block went to SSD meanwhile
-        m, _ = manager(host_blocks=24, ssd_blocks=200)
+        m, _ = manager(host_blocks=24, ssd_blocks=200, ssd_faults=faults)
         for prompts in batches:
             caches = []
 
@@ -118,6 +132,7 @@ class TieredKVCacheTest(unittest.TestCase):
         self.assertGreater(st["hit_blocks"], 0)
         self.assertLessEqual(m.peak_device_bytes, m.kv_budget_bytes)
         m.store.check_agreement()
+        return m.store.ssd_stats()
 
     def test_bad_configuration_is_refused(self):
         with self.assertRaises(ValueError):

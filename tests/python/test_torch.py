@@ -67,6 +67,68 @@ class OffloadTest(unittest.TestCase):
         self.assertGreater(st["prefetches"], 0)
         self.assertGreater(st["prefetch_hits"], 0)
 
+    def test_ssd_faults_under_offload_lose_nothing_and_are_caught(self):
+        """Issue 14: every I/O fault class but the misdirected write (which can hit another
+        tensor's copy at rest, below) injected under the SSD tier of an offloaded run whose
+        host tier is too small for its state: the losses are still the untiered run's,
+        bitwise, and the store's checks caught what was injected."""
+        model, opt, batches = make_run(steps=3)
+        ref_losses = train(model, opt, batches)
+        model, opt, batches = make_run(steps=3)
+        faults = ("eio_on_write=0.05,enospc_on_write=0.05,short_write=0.05,bit_flip_on_read=0.05,"
+                  "eio_on_read=0.05,lost_write=0.05,torn_write=0.05,seed=5")
+        with tempfile.TemporaryDirectory() as d:
+            off = ut.offload(model, opt, budget_fraction=0.5, host_bytes=1 << 20, ssd_dir=d,
+                             ssd_bytes=64 << 20, ssd_faults=faults)
+            losses = train(model, opt, batches)
+            st = off.rt.stats()
+            off.close()
+        self.assertEqual(losses, ref_losses)
+        injected = sum(v for k, v in st["ssd"]["faults_injected"].items() if k != "at_rest")
+        self.assertGreater(st["links"]["h2s"]["bytes"], 0, "nothing went to the SSD tier")
+        self.assertGreater(injected, 0)
+        caught = st["ssd"]["write_verify_failures"] + st["ssd"]["checksum_failures"] + st["ssd"]["io_errors"]
+        self.assertGreater(caught, 0)
+        self.assertEqual(st["lost_tensors"], 0)
+
+    def test_corruption_at_rest_under_offload_is_never_trained_on(self):
+        """A bit flipped in the SSD copy of a tensor that has no other copy, between steps:
+        the run stops with an error naming the corrupt tensor (the losses until then are the
+        untiered run's); it never trains on the corrupt bytes."""
+        model, opt, batches = make_run(steps=4)
+        ref_losses = train(model, opt, batches)
+        model, opt, batches = make_run(steps=4)
+        with tempfile.TemporaryDirectory() as d:
+            off = ut.offload(model, opt, budget_fraction=0.5, host_bytes=256 << 10, ssd_dir=d,
+                             ssd_bytes=64 << 20, ssd_faults="eio_on_read=0.001,seed=2")
+            losses, stopped, hit = [], None, 0
+            try:
+                for k, tokens in enumerate(batches):
+                    if k == 2:  # corrupt every tensor whose only copy is on the SSD tier
+                        off.rt.drain()
+                        for tid in sorted(off._live):
+                            if (off.rt.residency(tid) or {}).get("valid") == ["ssd"]:
+                                hit += off.rt.corrupt_ssd_copy(tid, seed=tid & 0xFFFF)
+                    loss = lm_loss(model, tokens)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+            except u3m.EngineError as e:
+                stopped = str(e)
+            st = off.rt.stats()
+            try:
+                off.close()  # writes the parameters back: a lost one cannot be
+            except u3m.EngineError as e:
+                self.assertRegex(str(e), "corrupt")
+        self.assertGreater(hit, 0, "no tensor had its only copy on the SSD tier")
+        self.assertEqual(losses, ref_losses[:len(losses)])
+        self.assertIsNotNone(stopped, "trained on past a corrupt only copy")
+        self.assertRegex(stopped, "corrupt")
+        self.assertEqual(len(losses), 2)
+        self.assertGreater(st["lost_tensors"], 0)
+        self.assertGreater(st["ssd"]["checksum_failures"], 0)
+
     def test_gradient_accumulation_matches_untiered_bitwise(self):
         def accumulate(model, opt, batches):
             losses = []

@@ -14,6 +14,7 @@
 #include "u3m/engine/transport.hpp"
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
+#include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/host.hpp"
 #include "u3m/mem/io_engine.hpp"
 #include "u3m/mem/pool.hpp"
@@ -35,6 +36,10 @@ struct RealStackOptions {
   // (tests on shared cores, sanitizers); true: device-emu's defaults.
   bool copy_spin = true;
   std::shared_ptr<mem::IoEngine> ssd_io;  // the SSD store's I/O engine; null = its default
+  // Faults injected under the SSD store (tests, soaks, `run replay
+  // --ssd-faults`): a fault-injection engine over the default one. Only
+  // without ssd_io.
+  mem::FaultSpec ssd_faults;
   // The SSD store's background scrubber: bytes/s it re-reads and checks, at
   // most (0 = none). A copy it finds corrupt is dropped from the engine, which
   // reports the tensor lost if that was its only copy.
@@ -62,6 +67,8 @@ class RealStack {
   const mem::DevicePool& pool() const { return pool_; }
   bool has_ssd() const { return ssd_ != nullptr; }
   const mem::SsdStore* ssd() const { return ssd_.get(); }
+  // The fault-injection engine under the store (RealStackOptions::ssd_faults), or null.
+  mem::FaultInjectionIoEngine* faults() const { return faults_.get(); }
   // What the SSD store said when it opened (a file left by a crashed process
   // that it discarded), or "".
   std::string ssd_notice() const;
@@ -85,6 +92,7 @@ class RealStack {
   mem::BackendSegmentSource source_;
   mem::DevicePool pool_;
   mem::HostBackend host_;
+  std::shared_ptr<mem::FaultInjectionIoEngine> faults_;
   std::unique_ptr<mem::SsdStore> ssd_;
   std::unique_ptr<BackendTransport> transport_;
   SteadyClock clock_;

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "u3m/engine/engine.hpp"
+#include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/pool.hpp"
+#include "u3m/mem/ssd_store.hpp"
 #include "u3m/trace/model.hpp"
 
 namespace u3m::engine {
@@ -37,6 +39,8 @@ struct ReplayOptions {
   // tail), which still catches a stale version or another tensor's data in
   // every sampled word, for timed runs whose checks would outlast the ops.
   std::uint64_t check_stride = 8;
+  // Faults injected under the SSD tier (needs ssd_dir); empty = none.
+  mem::FaultSpec ssd_faults;
 };
 
 struct ReplayReport {
@@ -63,6 +67,10 @@ struct ReplayReport {
   double overrun_s = 0;
   double oversleep_s = 0;  // summed lateness of the compute wait's wake-ups
   EngineStats engine;
+  mem::SsdStoreStats ssd;  // zeros without an SSD tier
+  std::string ssd_notice;  // what the store said when it opened (a file it discarded), or ""
+  // Faults injected by kind (ReplayOptions::ssd_faults; index = mem::IoFault).
+  std::uint64_t faults_injected[mem::kIoFaultKinds] = {};
   mem::TierReport device, host;
   mem::PoolStats pool;
   bool ok() const { return mismatches == 0 && errors == 0; }

@@ -30,6 +30,7 @@ struct TieredStoreStats {
 
 struct TieredStoreOptions {
   std::string ssd_dir;  // see engine::RealStackOptions::ssd_dir
+  mem::FaultSpec ssd_faults;  // injected under the SSD tier (tests); empty = none
   // After every batch of actions, check that the engine holds each live block in exactly
   // the tier the manager says (check_agreement). For tests: it walks every live block.
   bool check_every_step = false;
@@ -69,6 +70,7 @@ class TieredStore {
   const BlockManager& manager() const { return bm_; }
   BlockManager& manager() { return bm_; }
   engine::EngineStats engine_stats() const { return stack_.engine().stats(); }
+  const engine::RealStack& stack() const { return stack_; }
   const TieredStoreStats& stats() const { return st_; }
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::size_t live_blocks() const { return live_.size(); }

@@ -127,20 +127,20 @@ struct SsdStoreStats {
   // Of which the stored copy did not check out (corrupt at rest: retired, not
   // reported through on_corrupt; or unreadable), so the put wrote it again.
   std::uint64_t revalidation_failures = 0;
-  std::uint64_t no_space = 0;        // puts refused: full of non-evictable data
+  std::uint64_t no_space = 0;  // puts refused: full of non-evictable data
   // Extents whose checksum (or zero padding) did not match on any read: gets,
   // write verification, verify(), the scrubber, re-validation.
   std::uint64_t checksum_failures = 0;
   std::uint64_t write_verify_failures = 0;  // puts failed (corrupt): the read-back did not match
-  std::uint64_t verify_reads = 0;     // extents read only to check them, for any reason
+  std::uint64_t verify_reads = 0;           // extents read only to check them, for any reason
   // Installed entries a get, verify() or the scrubber found corrupt at rest
   // and retired: one on_corrupt call each.
   std::uint64_t corrupt_retired = 0;
-  std::uint64_t scrubbed_bytes = 0;   // payload bytes of the entries scrub() checked
-  std::uint64_t scrub_failures = 0;   // entries scrub() found corrupt (so retired)
+  std::uint64_t scrubbed_bytes = 0;           // payload bytes of the entries scrub() checked
+  std::uint64_t scrub_failures = 0;           // entries scrub() found corrupt (so retired)
   std::uint64_t discarded_at_open_bytes = 0;  // size of the file an earlier process left
-  std::uint64_t io_errors = 0;          // ops that returned -errno
-  std::uint64_t enospc = 0;             // of which the file system said ENOSPC
+  std::uint64_t io_errors = 0;                // ops that returned -errno
+  std::uint64_t enospc = 0;                   // of which the file system said ENOSPC
   std::uint64_t short_writes = 0, short_reads = 0;
 };
 
@@ -191,6 +191,12 @@ class SsdStore {
   // data is discarded when it completes). not_found if there was neither.
   Status erase(std::uint64_t key);
   bool contains(std::uint64_t key, std::size_t* size = nullptr) const;
+  // Where the installed entry's extents lie in the store's file (offset,
+  // payload bytes), in order; empty if none. For diagnosis and for tests that
+  // corrupt a known copy at rest (FaultInjectionIoEngine::corrupt_at_rest on
+  // file()).
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> extents(std::uint64_t key) const;
+  int file() const { return fd_; }
   // Changes whether an installed entry may be evicted.
   Status set_evictable(std::uint64_t key, bool evictable);
 
@@ -269,7 +275,7 @@ class SsdStore {
   std::uint64_t next_seq_ = 0;
   ExtentAllocator alloc_;
   std::unordered_map<std::uint64_t, Slot> index_;
-  std::list<Entry*> lru_;  // evictable installed entries, least recently used first
+  std::list<Entry*> lru_;         // evictable installed entries, least recently used first
   std::list<Entry*> scrub_ring_;  // every installed entry; scrub() walks it from scrub_cursor_
   std::list<Entry*>::iterator scrub_cursor_ = scrub_ring_.end();
   std::unordered_map<Entry*, std::unique_ptr<Entry>> retired_;  // pinned, awaiting unpin
