@@ -7,6 +7,7 @@
 //   4 serve's RAG spec (parse_rag_spec, "rag:KEY=V,...")
 //   5 names: card model, KV eviction policy, request format, serve and train
 //     policies, model presets
+//   6 SSD fault specs (FaultSpec::parse, "lost_write=0.01,seed=3")
 // Bad text must end in an InputError; anything else (a crash, a sanitizer
 // report, another exception) is a finding. What parses must also hold the
 // parser's promises: it validates, and its written form (describe(),
@@ -24,6 +25,7 @@
 #include "u3m/experiments/serve.hpp"
 #include "u3m/experiments/train.hpp"
 #include "u3m/kv/block_manager.hpp"
+#include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/workload/config.hpp"
@@ -168,12 +170,25 @@ void names(std::string_view t) {
   allow_input_error([&] { require(workload::preset(t).name == t); });
 }
 
+void fault_spec(std::string_view t) {
+  mem::FaultSpec f;
+  try {
+    f = mem::FaultSpec::parse(t, "--ssd-faults");
+  } catch (const InputError&) {
+    return;
+  }
+  require(!f.rules.empty() && f.rules.size() <= mem::kIoFaultKinds);
+  for (const auto& [kind, p] : f.rules) require(p > 0 && p <= 1);
+  const mem::FaultSpec back = mem::FaultSpec::parse(f.describe(), "--ssd-faults");
+  require(back.seed == f.seed && back.rules == f.rules);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
   std::string_view t(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0:
       length_dist(t);
       break;
@@ -188,6 +203,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       break;
     case 4:
       rag(t);
+      break;
+    case 6:
+      fault_spec(t);
       break;
     default:
       names(t);
