@@ -109,6 +109,16 @@ class TieredKVCacheTest(unittest.TestCase):
         self.assertGreater(injected, 0)
         self.assertGreater(st["write_verify_failures"] + st["checksum_failures"] + st["io_errors"], 0)
 
+    def test_misdirected_writes_under_the_kv_cache_never_change_a_token(self):
+        """A misdirected write may land on another block's only SSD copy: generation then
+        fails with an error naming the corrupt block, or gives the untiered tokens."""
+        try:
+            st = self._through_dram_and_ssd("misdirected_write=0.2,seed=6")
+        except RuntimeError as e:
+            self.assertRegex(str(e), "corrupt")
+            return
+        self.assertGreater(st["faults_injected"]["misdirected_write"], 0)
+
     def _through_dram_and_ssd(self, faults):
         torch.manual_seed(0)
         model = Decoder(CFG).eval()
