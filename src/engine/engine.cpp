@@ -851,6 +851,10 @@ void Engine::on_done(const Transfer& t, Status s) {
       rewant(e);
     } else {
       ++ls.failures;
+      // The store retired the copy (found corrupt by a scrub or another
+      // read) after this read was asked for: the copy is gone, as if this
+      // read had failed its checksum for good.
+      if (s == Status::not_found && from == Tier::ssd && !r.job.verify) s = Status::corrupt;
       count_failure(s);
       if (to != Tier::ssd) free_copy(e, to, act);  // the half-filled destination
       const bool read_fault = (s == Status::corrupt || s == Status::io_error) && from == Tier::ssd;
@@ -869,8 +873,9 @@ void Engine::on_done(const Transfer& t, Status s) {
         e.backoff_until = clock_.now_ns() + e.backoff_ns;
         backoff_horizon_ = std::max(backoff_horizon_, e.backoff_until);
       } else {
-        if (s == Status::corrupt && from == Tier::ssd) {
+        if (s == Status::corrupt && from == Tier::ssd && e.has(Tier::ssd)) {
           free_copy(e, Tier::ssd, act);  // a copy that keeps failing its checksum is gone
+          ++st_.ssd_copies_failed;
         }
         mark_lost_if_gone(e);
         for (Tier w : {Tier::device, Tier::host}) {

@@ -9,6 +9,7 @@
 // is a test (test_soak).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -31,8 +32,9 @@ struct SoakOptions {
   int threads = 4;
   int tensors = 400;
   std::uint64_t seed = 1;
-  double fault_rate = 0.002;  // per I/O op and fault class
-  double rot_per_s = 20;      // corruptions at rest per second
+  double fault_rate = 0.002;          // per I/O op and fault class
+  double rot_per_s = 20;              // corruptions at rest per second
+  std::vector<mem::IoFault> without;  // fault classes not injected
 };
 
 struct SoakReport {
@@ -62,7 +64,8 @@ inline SoakReport run_soak(const SoakOptions& so) {
                                  IoFault::eio_on_read,       IoFault::lost_write,
                                  IoFault::misdirected_write, IoFault::torn_write};
   for (std::size_t i = 0; i < std::size(kFaults); ++i)
-    faults->fail_randomly(kFaults[i], so.fault_rate, so.seed * 131 + i);
+    if (std::find(so.without.begin(), so.without.end(), kFaults[i]) == so.without.end())
+      faults->fail_randomly(kFaults[i], so.fault_rate, so.seed * 131 + i);
   RigOptions o;
   o.device = 2 * MiB;
   o.host = 4 * MiB;
@@ -160,12 +163,12 @@ inline SoakReport run_soak(const SoakOptions& so) {
   };
   // Corruption at rest, at random moments, in what was written lately.
   std::thread rot([&] {
+    if (!(so.rot_per_s > 0)) return;
     std::mt19937_64 rng(so.seed ^ 0xA5A5);
-    const auto gap = std::chrono::microseconds(
-        static_cast<std::int64_t>(so.rot_per_s > 0 ? 1e6 / so.rot_per_s : 1e9));
+    const auto gap = std::chrono::microseconds(static_cast<std::int64_t>(1e6 / so.rot_per_s));
     while (!stop) {
       std::this_thread::sleep_for(gap);
-      if (so.rot_per_s > 0) faults->corrupt_random_written(rng());
+      faults->corrupt_random_written(rng());
     }
   });
   std::vector<std::thread> threads;

@@ -9,13 +9,15 @@
 #include <string_view>
 
 #include "engine/soak.hpp"
+#include "u3m/mem/fault_spec.hpp"
+#include "u3m/util/error.hpp"
 
 namespace {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "u3m_soak: %s\nusage: u3m_soak [--minutes M] [--threads T] [--seed S] "
-               "[--fault-rate P] [--rot-per-s R]\n",
+               "[--fault-rate P] [--rot-per-s R] [--without SPEC]\n",
                why.c_str());
   std::exit(2);
 }
@@ -46,23 +48,32 @@ int main(int argc, char** argv) {
           "  --threads T     worker threads (default 4)\n"
           "  --seed S        random seed (default 1)\n"
           "  --fault-rate P  probability per I/O op of each fault class (default 0.002)\n"
-          "  --rot-per-s R   corruptions at rest per second (default 20)\n");
+          "  --rot-per-s R   corruptions at rest per second (default 20)\n"
+          "  --without SPEC  fault classes not to inject, as kind=1,... (e.g.\n"
+          "                  misdirected_write=1)\n");
       return 0;
     }
     if (i + 1 >= argc) usage(std::string(a) + " needs a value");
     const char* v = argv[++i];
-    if (a == "--minutes")
-      o.seconds = 60 * number(a, v, 0.001, 24 * 60);
-    else if (a == "--threads")
-      o.threads = static_cast<int>(number(a, v, 1, 64));
-    else if (a == "--seed")
-      o.seed = static_cast<std::uint64_t>(number(a, v, 0, 1e18));
-    else if (a == "--fault-rate")
-      o.fault_rate = number(a, v, 0, 0.5);
-    else if (a == "--rot-per-s")
-      o.rot_per_s = number(a, v, 0, 1e4);
-    else
-      usage("unknown flag " + std::string(a));
+    try {
+      if (a == "--minutes")
+        o.seconds = 60 * number(a, v, 0.001, 24 * 60);
+      else if (a == "--threads")
+        o.threads = static_cast<int>(number(a, v, 1, 64));
+      else if (a == "--seed")
+        o.seed = static_cast<std::uint64_t>(number(a, v, 0, 1e18));
+      else if (a == "--fault-rate")
+        o.fault_rate = number(a, v, 0, 0.5);
+      else if (a == "--rot-per-s")
+        o.rot_per_s = number(a, v, 0, 1e4);
+      else if (a == "--without")
+        for (const auto& [kind, p] : u3m::mem::FaultSpec::parse(std::string(v), "--without").rules)
+          o.without.push_back(kind);
+      else
+        usage("unknown flag " + std::string(a));
+    } catch (const u3m::InputError& e) {
+      usage(e.what());
+    }
   }
   std::printf(
       "soak: %.1f min, %d threads, seed %llu, fault rate %g per op and class, %g "
@@ -70,7 +81,12 @@ int main(int argc, char** argv) {
       o.seconds / 60, o.threads, static_cast<unsigned long long>(o.seed), o.fault_rate,
       o.rot_per_s);
   std::fflush(stdout);
-  const auto r = u3m::engine::testing::run_soak(o);
+  u3m::engine::testing::SoakReport r;
+  try {
+    r = u3m::engine::testing::run_soak(o);
+  } catch (const u3m::InputError& e) {
+    usage(e.what());
+  }
   auto u = [](std::uint64_t x) { return static_cast<unsigned long long>(x); };
   std::printf(
       "operations: %llu (%llu reads checked, %llu writes, %llu prefetches, %llu evicts, "
