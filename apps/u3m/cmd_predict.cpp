@@ -16,6 +16,7 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "u3m/predict/bound.hpp"
 #include "u3m/predict/diagnose.hpp"
 #include "u3m/predict/eval.hpp"
 #include "u3m/predict/predictor.hpp"
@@ -35,6 +36,7 @@ struct PredictEvalArgs {
   bool json = false;
   bool diagnose = false;
   bool window_delta = false;
+  bool exchangeable = false;
 };
 
 // The --predictors list: every name known, none empty, none twice.
@@ -133,6 +135,31 @@ void print_slices(const std::vector<predict::EvalResult>& rs) {
   }
 }
 
+// The schedule bound of one trace and each predictor's expected figures
+// under it (Note [Schedule bound] in src/predict/bound.cpp).
+void print_bound(const predict::ScheduleBound& b, std::uint32_t horizon,
+                 const std::string& expected) {
+  fmt::print("schedule bound (horizon {}, after warm-up; assumed by --exchangeable-schedule: the "
+             "order of the {} schedule items is exchangeable, an item's contents do not depend on "
+             "where it runs; computed from the trace):\n",
+             horizon, b.items);
+  if (!b.computed) {
+    fmt::print("  not computed: {}\n", b.why_not);
+    return;
+  }
+  fmt::print("  {} of {} decisions bet on the next item; {:.1f}% of the expected known accessed "
+             "bytes are uncertain\n",
+             b.uncertain_decisions, b.decisions, 100 * b.uncertain_bytes / b.known_bytes);
+  fmt::print("  no causal predictor, in expectation: recKnwn > {:.1f}% at prec >= {:.0f}%, or "
+             "prec > {:.1f}% at recKnwn >= {:.0f}%: the bar is {} (the best predicts a tensor "
+             "whose access within the horizon has probability >= {:.2f})\n",
+             100 * b.recall_known_at_bar, 100 * b.precision_bar, 100 * b.precision_at_bar,
+             100 * b.recall_bar, b.rules_out_bar() ? "ruled out" : "not ruled out", b.threshold);
+  if (!expected.empty())
+    fmt::print("{:<13} {:<10} | {:>6} {:>8} {:>6}\n{}", "predictor", "figures", "prec%",
+               "recKnwn%", "F1k%", expected);
+}
+
 void run_eval(const PredictEvalArgs& a) {
   // Checked here, not by CLI11, so the message names the flag whatever the parser does.
   if (a.horizon < 1 || a.horizon > (1u << 20))
@@ -159,17 +186,27 @@ void run_eval(const PredictEvalArgs& a) {
     predict::TraceFeed feed(t);
     std::vector<predict::EvalResult> rs;
     nlohmann::json pj = nlohmann::json::object(), dj = nlohmann::json::object();
-    std::string diag_text;
+    std::string diag_text, expected_text;
+    predict::ScheduleBound bound;
+    if (a.exchangeable) {  // Note [Schedule bound]
+      predict::ScheduleBoundOptions bo;
+      bo.horizon = a.horizon;
+      bo.warmup_iterations = a.warmup_iterations;
+      bound = predict::schedule_bound(feed, bo);
+    }
     for (const auto& n : names) {
       auto p = predict::make_predictor(n, &feed);
       std::unique_ptr<predict::Diagnoser> diag;
+      std::unique_ptr<predict::ExpectedScore> expected;
       predict::EvalOptions o = opt;
-      if (a.diagnose) {
-        diag = std::make_unique<predict::Diagnoser>(feed, a.horizon);
+      if (a.diagnose) diag = std::make_unique<predict::Diagnoser>(feed, a.horizon);
+      if (a.exchangeable && bound.computed)
+        expected = std::make_unique<predict::ExpectedScore>(feed, a.horizon, a.warmup_iterations);
+      if (diag || expected)
         o.on_decision = [&](std::size_t k, const std::vector<predict::Predicted>& out, bool warm) {
-          diag->on_decision(k, out, warm);
+          if (diag) diag->on_decision(k, out, warm);
+          if (expected) expected->on_decision(k, out);
         };
-      }
       rs.push_back(predict::evaluate(feed, *p, o));
       if (rs.back().horizons.front().sums.decisions == 0 && feed.num_steps() > 0)
         input_error("--warmup-iterations",
@@ -182,10 +219,18 @@ void run_eval(const PredictEvalArgs& a) {
                                  path, diag->report());
       predict::accumulate(pooled[n], rs.back());
       pj[n] = predict::to_json(rs.back(), headline);
+      if (expected && expected->computed()) {
+        pj[n]["expected"] = {{"precision", expected->precision()},
+                             {"recall_known", expected->recall_known()}};
+        expected_text += fmt::format("{:<13} expected   | {} {:>8} {}\n", n,
+                                     pct(expected->precision()), pct(expected->recall_known()),
+                                     pct(predict::f1(expected->precision(), expected->recall_known())));
+      }
     }
     per_trace[path] = {
         {"events", feed.num_events()}, {"steps", feed.num_steps()}, {"predictors", pj}};
     if (a.diagnose) per_trace[path]["diagnosis"] = dj;
+    if (a.exchangeable) per_trace[path]["schedule_bound"] = predict::to_json(bound);
     if (!a.json) {
       print_table(fmt::format("{}: {} events, {} op steps; warm-up excluded: first {} iteration(s) "
                               "of each job ({} events)",
@@ -193,6 +238,7 @@ void run_eval(const PredictEvalArgs& a) {
                               rs.empty() ? 0 : rs[0].warmup_events),
                   rs);
       print_slices(rs);
+      if (a.exchangeable) print_bound(bound, a.horizon, expected_text);
       fmt::print("{}", diag_text);
     }
   }
@@ -261,6 +307,11 @@ void add_predict_commands(CLI::App& app) {
                    "Leading iterations of each job excluded from the headline (reported)")
       ->capture_default_str();
   eval->add_flag("--json", args->json, "Print one JSON object");
+  eval->add_flag("--exchangeable-schedule", args->exchangeable,
+                 "The traces' schedule items (training steps, requests) run in a random, "
+                 "exchangeable order: also report the schedule bound, the most any causal "
+                 "predictor reaches in expectation, and each predictor's expected figures "
+                 "(docs/prediction.md, \"The schedule bound\")");
   eval->add_flag("--window-delta", args->window_delta,
                  "Score the window a policy builds from predict_window_delta (entered/left) at "
                  "the headline horizon, and time that call instead of predict()");

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "predictors_impl.hpp"
+#include "u3m/predict/bound.hpp"
 
 namespace u3m::predict {
 namespace {
@@ -157,14 +158,15 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
                              ? opt.iteration_stride
                              : static_cast<std::uint32_t>(std::max<std::size_t>(1, n / 20000));
 
-  // Per job, from the steps already observed: iterations seen (warm-up) and
-  // the span, in global steps, of its last complete iteration (the "one
-  // iteration" horizon). Note [No future in the query].
+  // Per job, from the steps already observed: the span, in global steps, of
+  // its last complete iteration (the "one iteration" horizon); the warm-up
+  // comes from the same past (warmup_decisions). Note [No future in the query].
   struct JobTrack {
     bool started = false;
-    std::uint32_t iteration = 0, iterations_seen = 0;
+    std::uint32_t iteration = 0;
     std::uint64_t first = 0, last = 0, span = 0;
   };
+  const std::vector<bool> warmup = warmup_decisions(feed, opt.warmup_iterations);
   std::vector<JobTrack> jobs(tr.jobs.size() + 1);
   std::size_t prev_job = SIZE_MAX;  // the job of step k-1 (an index: jobs may grow)
 
@@ -189,8 +191,7 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
 
   for (std::size_t k = 0; k < n; ++k) {
     const JobTrack* current = prev_job == SIZE_MAX ? nullptr : &jobs[prev_job];
-    const bool warm = opt.warmup_iterations > 0 &&
-                      (!current || current->iterations_seen <= opt.warmup_iterations);
+    const bool warm = warmup[k];
     const bool do_iter = opt.iteration_horizon && k % res.iteration_stride == 0;
     std::uint32_t h_iter = 0;
     if (do_iter) {
@@ -331,7 +332,6 @@ EvalResult evaluate(const TraceFeed& feed, Predictor& pred, const EvalOptions& o
       if (jt.started) jt.span = jt.last - jt.first + 1;
       jt.started = true;
       jt.iteration = op.iteration;
-      ++jt.iterations_seen;
       jt.first = k;
     }
     jt.last = k;

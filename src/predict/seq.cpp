@@ -47,6 +47,10 @@
 // 9. Successor: the kind of iteration that follows a kind is the most
 //    frequent one seen, not the last (one arrival-driven prefill must not
 //    make every decode step predict a prefill next).
+// 10. Anchoring: where the signature is ambiguous or unknown, the tensors a
+//    step touched place it in the record, and an inserted op that touches
+//    what the slot just behind touched keeps the job in step (Note
+//    [Anchoring on tensors]).
 // Everything is O(1) amortised per event; predict() is O(H + answer);
 // predict_window_delta is O(H) + the entering slots (Note [Incremental window]).
 #include "u3m/predict/seq.hpp"
@@ -187,36 +191,97 @@ void SeqPredictor::begin_step(const Access& a) {
     ++jb.iter_count;
     start_iteration(jb, a.op_sig);
   }
-  // Follow the record, resynchronising on the signature; failing that,
-  // relocate to wherever this op was recorded (another shape of iteration).
-  step_rec_ = -1;
-  if (jb.ref >= 0) {
-    const Record& r = jb.records[jb.ref];
-    std::size_t end = std::min<std::size_t>(r.slots.size(), jb.pos + p_.resync_window);
-    for (std::size_t k = jb.pos; k < end; ++k)
-      if (r.slots[k].sig == a.op_sig) {
-        step_rec_ = jb.ref;
-        step_pos_ = static_cast<std::uint32_t>(k);
-        break;
-      }
-  }
-  if (step_rec_ < 0) {
-    if (const Where w = locate(jb, a.op_sig); w.rec >= 0) {
-      step_rec_ = w.rec;
-      step_pos_ = w.pos;
-    }
-  }
-  if (step_rec_ >= 0) {
-    jb.ref = step_rec_;
-    jb.pos = step_pos_ + 1;
-    jb.misses = 0;
-  } else {
-    // An op never recorded: an insertion, or (first op of an iteration) a
-    // kind of iteration never seen, whose future the records cannot tell.
-    jb.misses = new_iteration ? p_.lost_after : jb.misses + 1;
-  }
+  step_new_iter_ = new_iteration;
   auto at = static_cast<std::uint32_t>(jb.cur.entries.size());
   jb.cur.slots.push_back({a.op_sig, at, at});
+}
+
+// Note [Anchoring on tensors]
+// Which recorded slot a step is follows from its signature and from the
+// tensors it touched. The signature alone misleads where an iteration's ops
+// repeat (an optimizer's per-parameter sequence) and their labels differ
+// between iterations (the recorder gives an optimizer op the layer of the
+// state it touches, state iteration 0 creates unnamed): the nearest slot with
+// the signature is then another parameter's. And ops get inserted: with
+// zero_grad(set_to_none=False), iteration 1's backward accumulates (add_)
+// into the gradients iteration 0's ops produced; counted as misses, they made
+// the job lost for stretches of the iteration, and a recorded add_ further
+// on dragged the pointer there. So, unless the expected slot has the
+// signature, the nearest slot within resync_window with the signature is
+// taken if it shares a tensor with the step; else the nearer of the first
+// slot up to it that shares one and one of the last anchor_back slots that
+// does (an inserted op, just after the op whose tensor it touches: the
+// pointer stays); else it. Without the signature in the window: wherever it
+// was recorded (another shape of iteration), else the nearer sharing slot
+// ahead or behind as above, else a miss. Tensors never place an iteration's
+// first op: a kind of iteration never seen reads tensors (weights) that other
+// kinds read too.
+void SeqPredictor::match_step(Job& jb) {
+  step_rec_ = -1;
+  auto touched = [&](const Record& r, std::size_t k) {
+    const Slot& sl = r.slots[k];
+    for (std::uint32_t i = sl.begin; i < sl.end; ++i) {
+      const std::uint32_t e = r.entries[i];
+      if (!(e & kGroupBit) && ts_[e].step_stamp == step_) return true;
+    }
+    return false;
+  };
+  auto take = [&](int rec, std::size_t k) {
+    step_rec_ = rec;
+    step_pos_ = static_cast<std::uint32_t>(k);
+    jb.ref = rec;
+    jb.pos = step_pos_ + 1;
+    jb.misses = 0;
+  };
+  // The first slot in [pos, end) that touched one of the step's tensors.
+  auto by_tensor = [&](const Record& r, std::size_t end) -> std::int64_t {
+    if (step_new_iter_) return -1;
+    for (std::size_t k = jb.pos; k < end; ++k)
+      if (touched(r, k)) return static_cast<std::int64_t>(k);
+    return -1;
+  };
+  // How far behind the pointer (1 = the slot just executed), within
+  // anchor_back, the nearest slot that touched one of the step's tensors is;
+  // 0 if none.
+  auto behind = [&](const Record& r) -> std::size_t {
+    if (step_new_iter_) return 0;
+    const std::size_t back = std::min<std::size_t>(jb.pos, p_.anchor_back);
+    for (std::size_t d = 1; d <= back; ++d)
+      if (touched(r, jb.pos - d)) return d;
+    return 0;
+  };
+  // The nearer of a slot ahead sharing a tensor and one behind (an inserted
+  // op: the pointer stays); false if neither.
+  auto by_tensors = [&](const Record& r, std::size_t up_to) {
+    const std::int64_t t = by_tensor(r, up_to);
+    const std::size_t b = behind(r);
+    if (b > 0 && (t < 0 || b <= static_cast<std::size_t>(t) - jb.pos)) {
+      jb.misses = 0;
+      return true;
+    }
+    if (t < 0) return false;
+    take(jb.ref, static_cast<std::size_t>(t));
+    return true;
+  };
+  std::size_t end = 0;
+  if (jb.ref >= 0) {
+    const Record& r = jb.records[jb.ref];
+    end = std::min<std::size_t>(r.slots.size(), jb.pos + p_.resync_window);
+    std::size_t k = jb.pos;
+    while (k < end && r.slots[k].sig != step_sig_) ++k;
+    if (k < end) {
+      // The signature's nearest slot, unless it shares no tensor with the
+      // step and a slot up to it does (another repetition of the sequence),
+      // or one just behind does (an inserted op with a recorded signature).
+      if (k == jb.pos || touched(r, k) || !by_tensors(r, k)) take(jb.ref, k);
+      return;
+    }
+  }
+  if (const Where w = locate(jb, step_sig_); w.rec >= 0) return take(w.rec, w.pos);
+  if (jb.ref >= 0 && by_tensors(jb.records[jb.ref], end)) return;
+  // An op never recorded: an insertion, or (first op of an iteration) a kind
+  // of iteration never seen, whose future the records cannot tell.
+  jb.misses = step_new_iter_ ? p_.lost_after : jb.misses + 1;
 }
 
 void SeqPredictor::join_group(std::uint32_t t, const Access& a) {
@@ -294,11 +359,13 @@ void SeqPredictor::step_done() {
   if (!open_) return;
   open_ = false;
   Job& jb = jobs_[step_job_];
+  match_step(jb);
   if (step_rec_ >= 0 && !jb.shape_changed) {
     // A transient of the recorded step (allocated in the recorded iteration)
-    // that this step did not touch has been replaced (e.g. serving
-    // activations whose batch changed): the record's other transients are
-    // stale too.
+    // that this step did not touch, and that has been freed since, has been
+    // replaced (e.g. serving activations whose batch changed): the record's
+    // other transients are stale too. One still alive has not (a gradient
+    // iteration 0 created, accumulated into from then on).
     // Most of them, not one: a trace whose naming is not quite stable (a
     // hidden result of an ET op renamed by a recycled storage id) must not
     // make the rest of the iteration look replaced.
@@ -309,7 +376,7 @@ void SeqPredictor::step_done() {
       const std::uint32_t e = r.entries[k];
       if (e & kGroupBit || ts_[e].alloc_iter != r.iter_count) continue;
       ++transients;
-      untouched += ts_[e].step_stamp != step_;
+      untouched += ts_[e].step_stamp != step_ && ts_[e].dead;
     }
     if (untouched > 0 && 2 * untouched >= transients) jb.shape_changed = true;
   }

@@ -38,12 +38,18 @@ struct SchemaInfo {
   std::string_view name;
   Layout layout;
 };
-// Only schemas we have real samples of (data/pytorch-et/); others are rejected
-// by name rather than half-understood.
+// Only schemas whose layout we have real samples of (data/pytorch-et/), or
+// that torch's own ExecutionTraceObserver source shows field by field; others
+// are rejected by name rather than half-understood. 1.0.2 (torch 2.2/2.3) has
+// 1.0.3's fields; 1.1.1 (torch 2.5 and later) adds `strides` to inputs and
+// outputs and a `tensor_range` attr, neither of which the importer needs
+// (docs/et-import.md, "Schemas").
 constexpr SchemaInfo kSchemas[] = {
     {"1.0.1", Layout::flat},
+    {"1.0.2-chakra.0.0.4", Layout::chakra},
     {"1.0.3-chakra.0.0.4", Layout::chakra},
     {"1.1.0-chakra.0.0.4", Layout::chakra},
+    {"1.1.1-chakra.0.0.4", Layout::chakra},
 };
 
 // Limits that keep byte arithmetic far from overflow; real tensors are far
@@ -388,6 +394,7 @@ class Importer {
   std::vector<std::string> jobs_;
   std::uint32_t cur_ctx_ = 0;
   bool last_outer_embedding_ = false, segment_saw_embedding_ = false;
+  std::int64_t last_call_positions_ = 0;  // token positions the last model call embedded
 
   // Storage id -> logical tensor, kept across iterations (Note [Lifetimes in
   // ET imports]); sibling ordinals, reset every iteration.
@@ -766,11 +773,12 @@ void Importer::find_contexts() {
   std::vector<std::uint32_t> iters;
   Kind cur = kNeutral;
   std::vector<bool> substantive;  // the context holds model, backward or optimizer work
-  auto start_ctx = [&](std::size_t pos, Kind k, Phase ph) {
+  // `model_call`: started at a model call's embedding, so it holds model work.
+  auto start_ctx = [&](std::size_t pos, Kind k, Phase ph, bool model_call = false) {
     const std::uint32_t j = job_for(k);
     if (iters.size() <= j) iters.resize(j + 1, 0);
     ctx_.push_back({nodes_[pos].id, j, iters[j]++, ph});
-    substantive.push_back(ph == Phase::decode);
+    substantive.push_back(model_call);
   };
   // Positions of the outermost operators, for the inference model-call split.
   std::vector<bool> under_op(n, false);
@@ -817,12 +825,30 @@ void Importer::find_contexts() {
     if (!start) {  // continuing a segment: keep the state of the previous item
       prev_embedding = last_outer_embedding_;
       seen_embedding = segment_saw_embedding_;
+    } else {
+      last_call_positions_ = 0;
     }
     for (std::size_t q = i; q < end; ++q) {
       if (item_of[q] != static_cast<std::int64_t>(i) || !is_operator(nodes_[q]) || under_op[q])
         continue;
       const bool emb = nodes_[q].name == "aten::embedding";
-      if (emb && !prev_embedding && seen_embedding) start_ctx(q, kInfer, Phase::decode);
+      if (emb && !prev_embedding) {
+        // Token positions per sequence: the last dimension of the indices.
+        const std::vector<std::int64_t> idx = shape(nodes_[q], false, 1);
+        const std::int64_t pos = idx.empty() ? 0 : idx.back();
+        // Note [Requests in an inference segment]: a decode step embeds one
+        // position (with a KV cache) or one more than the call before (a
+        // generate that re-reads its sequence); any other call begins a new
+        // request, i.e. is a prefill: consecutive requests without a
+        // training step between them are not one long generation.
+        if (seen_embedding)
+          start_ctx(q, kInfer,
+                    pos == 1 || (pos > 0 && pos == last_call_positions_ + 1) || pos == 0
+                        ? Phase::decode
+                        : Phase::prefill,
+                    true);
+        last_call_positions_ = pos;
+      }
       if (emb) seen_embedding = true;
       prev_embedding = emb;
     }

@@ -71,8 +71,8 @@ struct AccelTarget {
   Status (*open)(const std::string& library, std::unique_ptr<AccelBackend>* out,
                  std::string* why) = nullptr;
   // Native functions behind u3m calls.
-  std::string api_malloc, api_copy_async, api_copy_sync, api_stream_sync, api_event_query,
-      api_event_create, api_device_count, api_map;
+  std::string api_malloc, api_copy_async, api_stream_sync, api_event_query, api_event_create,
+      api_device_count;
   int code_oom = 0;         // native out-of-memory
   int code_lost = 0;        // a native code meaning the device is lost
   int code_bad_handle = 0;  // native invalid handle

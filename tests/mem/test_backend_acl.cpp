@@ -34,12 +34,10 @@ AccelTarget acl_target() {
   t.open = open_acl;
   t.api_malloc = "aclrtMalloc";
   t.api_copy_async = "aclrtMemcpyAsync";
-  t.api_copy_sync = "aclrtMemcpy";
   t.api_stream_sync = "aclrtSynchronizeStream";
   t.api_event_query = "aclrtQueryEventStatus";
   t.api_event_create = "aclrtCreateEvent";
   t.api_device_count = "aclrtGetDeviceCount";
-  t.api_map = "aclrtMapMem";
   t.code_oom = 207001;         // ACL_ERROR_RT_MEMORY_ALLOCATION
   t.code_lost = 507053;        // ACL_ERROR_RT_DEVICE_MEM_ERROR
   t.code_bad_handle = 107017;  // ACL_ERROR_RT_INVALID_HANDLE

@@ -34,12 +34,10 @@ AccelTarget cuda_target() {
   t.open = open_cuda;
   t.api_malloc = "cudaMalloc";
   t.api_copy_async = "cudaMemcpyAsync";
-  t.api_copy_sync = "cudaMemcpy";
   t.api_stream_sync = "cudaStreamSynchronize";
   t.api_event_query = "cudaEventQuery";
   t.api_event_create = "cudaEventCreateWithFlags";
   t.api_device_count = "cudaGetDeviceCount";
-  t.api_map = "cuMemMap";
   t.code_oom = 2;           // cudaErrorMemoryAllocation
   t.code_lost = 700;        // cudaErrorIllegalAddress (sticky)
   t.code_bad_handle = 400;  // cudaErrorInvalidResourceHandle

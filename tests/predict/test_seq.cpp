@@ -99,6 +99,76 @@ TEST(SeqPredictor, ReplacedTransientsAreWithheld) {
   EXPECT_EQ(names(out), (std::set<std::uint32_t>{w}));
 }
 
+TEST(SeqPredictor, RelabelledOpIsPlacedByItsTensorsNotByTheNearestSignature) {
+  // Per parameter p an optimizer does add_(step_p) then add_(m_p). In
+  // iteration 0 the first add_ carries no layer (its state was created
+  // unnamed), later it carries layer 0 like the second: its signature then
+  // matches the nearest add_(m_p) slot, one group ahead, every time.
+  TraceMaker m;
+  std::vector<std::uint32_t> st, mo;
+  const std::uint32_t w = m.tensor("w", 8);
+  for (int p = 0; p < 4; ++p) {
+    st.push_back(m.tensor("step" + std::to_string(p), 8, trace::Role::other));
+    mo.push_back(m.tensor("m" + std::to_string(p), 64, trace::Role::optim_m));
+  }
+  for (std::uint32_t it = 0; it < 2; ++it) {
+    m.op("aten::mm", OpClass::matmul, it, {w});  // the step's forward
+    for (int p = 0; p < 4; ++p) {
+      m.op("aten::add_", OpClass::optimizer, it, {st[p]});
+      m.t.ops.back().layer = it == 0 ? trace::kNoLayer : 0;
+      m.op("aten::add_", OpClass::optimizer, it, {mo[p]});
+      m.t.ops.back().layer = 0;
+    }
+  }
+  TraceFeed feed(m.t);
+  SeqPredictor p;
+  std::vector<Predicted> out;
+  feed.feed(p, 0, 13);  // iteration 0, then mm add_(step0) add_(m0) add_(step1)
+  p.predict(2, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{mo[1], st[2]}));
+}
+
+TEST(SeqPredictor, InsertedOpsTouchingWhatTheRecordJustTouchedKeepTheJobInStep) {
+  // Iteration 0's backward produces the gradients g1, g2; from iteration 1 on
+  // (zero_grad(set_to_none=False)) the same ops write temporaries and two
+  // add_ ops, never recorded, accumulate them into g1, g2. Two unmatched ops
+  // in a row used to make the job lost (nothing predicted until B); and G1
+  // leaving g1 untouched is no batch change (g1 lives on), so the activation
+  // B allocates every iteration is still predicted.
+  TraceMaker m;
+  std::uint32_t x = m.tensor("x", 8), g1 = m.tensor("g1", 64, trace::Role::grad),
+                g2 = m.tensor("g2", 64, trace::Role::grad),
+                t1 = m.tensor("t1", 64, trace::Role::activation),
+                t2 = m.tensor("t2", 64, trace::Role::activation),
+                a = m.tensor("a", 64, trace::Role::activation), z = m.tensor("z", 8);
+  auto tail = [&](std::uint32_t it) {
+    m.op("B", OpClass::matmul, it, {a}, 0, EventKind::alloc);
+    also(m, a, EventKind::write);
+    m.op("C", OpClass::matmul, it, {a, z});
+    also(m, a, EventKind::free);
+  };
+  m.op("A", OpClass::matmul, 0, {x});
+  m.op("G1", OpClass::matmul, 0, {g1}, 0, EventKind::alloc);
+  also(m, g1, EventKind::write);
+  m.op("G2", OpClass::matmul, 0, {g2}, 0, EventKind::alloc);
+  also(m, g2, EventKind::write);
+  tail(0);
+  for (std::uint32_t it = 1; it < 3; ++it) {
+    m.op("A", OpClass::matmul, it, {x});
+    m.op("G1", OpClass::matmul, it, {t1}, 0, EventKind::write);
+    m.op("G2", OpClass::matmul, it, {t2}, 0, EventKind::write);
+    m.op("add_", OpClass::elementwise, it, {g1, t1});
+    m.op("add_", OpClass::elementwise, it, {g2, t2});
+    tail(it);
+  }
+  TraceFeed feed(m.t);
+  SeqPredictor p;
+  std::vector<Predicted> out;
+  feed.feed(p, 0, 10);  // iteration 0, then A G1 G2 add_ add_
+  p.predict(2, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{a, z}));
+}
+
 TEST(SeqPredictor, SuccessorIsTheMostFrequentNotTheLast) {
   // Kind D (ops D0 D1) repeats; kind F (op F0) came once after a D. At the
   // end of a D the next iteration is predicted to be a D.

@@ -106,7 +106,40 @@ INSTANTIATE_TEST_SUITE_P(
     Samples, EtSample,
     ::testing::Values(std::make_tuple("linear_et.json.gz", "1.0.1"),
                       std::make_tuple("resnet_1gpu_et_1.0.3.json.gz", "1.0.3-chakra.0.0.4"),
-                      std::make_tuple("resnet_et.json.gz", "1.1.0-chakra.0.0.4")));
+                      std::make_tuple("resnet_et.json.gz", "1.1.0-chakra.0.0.4"),
+                      std::make_tuple("linear_et_1.0.2.json.gz", "1.0.2-chakra.0.0.4"),
+                      std::make_tuple("linear_et_1.1.1.json.gz", "1.1.1-chakra.0.0.4")));
+
+// The torch 2.x layouts newer than our real samples, reconstructed from the
+// real 1.0.1 sample by python/u3m_capture/et_chakra.py in the field layout
+// torch's ExecutionTraceObserver writes (1.1.1: strides in inputs/outputs, a
+// tensor_range attr, the process node last): they import to the same trace.
+TEST(EtImport, Torch2LayoutsImportLikeTheOriginal) {
+  const Trace& base = imported("linear_et.json.gz");
+  for (const char* f : {"linear_et_1.0.2.json.gz", "linear_et_1.1.1.json.gz"}) {
+    SCOPED_TRACE(f);
+    const Trace& t = imported(f);
+    ASSERT_EQ(t.ops.size(), base.ops.size());
+    ASSERT_EQ(t.tensors.size(), base.tensors.size());
+    ASSERT_EQ(t.events.size(), base.events.size());
+    EXPECT_EQ(t.jobs, base.jobs);
+    for (std::size_t i = 0; i < t.ops.size(); ++i) {
+      EXPECT_EQ(t.ops[i].name, base.ops[i].name);
+      EXPECT_EQ(t.ops[i].phase, base.ops[i].phase);
+      EXPECT_EQ(t.ops[i].iteration, base.ops[i].iteration);
+    }
+    for (std::size_t i = 0; i < t.tensors.size(); ++i) {
+      EXPECT_EQ(t.tensors[i].name, base.tensors[i].name);
+      EXPECT_EQ(t.tensors[i].bytes, base.tensors[i].bytes);
+      EXPECT_EQ(t.tensors[i].role, base.tensors[i].role);
+    }
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
+      EXPECT_EQ(t.events[i].op, base.events[i].op);
+      EXPECT_EQ(t.events[i].tensor, base.events[i].tensor);
+      EXPECT_EQ(t.events[i].kind, base.events[i].kind);
+    }
+  }
+}
 
 std::set<Phase> phases(const Trace& t) {
   std::set<Phase> s;
@@ -515,6 +548,20 @@ TEST(EtCorpus, RlhfCaptureImportsAsTwoJobs) {
     }
     EXPECT_GT(params, 0u);
     EXPECT_GE(shared, params - 1);  // the LSTM's tied decoder weight is one tensor
+  }
+}
+
+TEST(EtCorpus, ConsecutiveRequestsAreSeparatePrefills) {
+  // Random time-sharing runs some requests back to back, with no training step
+  // between them (gpt2-timeshare: 7 requests, bert-timeshare: 5, as the
+  // recorder's captures of the same programs label them). Each request's first
+  // model call embeds its whole prompt: a prefill, not one more decode step of
+  // the request before it (Note [Requests in an inference segment]).
+  for (auto [name, requests] : {std::pair{"corpus/gpt2-timeshare.et.json.gz", 7u},
+                                std::pair{"corpus/bert-timeshare.et.json.gz", 5u}}) {
+    SCOPED_TRACE(name);
+    auto jobs = jobs_of(imported(name));
+    EXPECT_EQ(jobs.at("infer-0").prefills, requests);
   }
 }
 

@@ -16,6 +16,9 @@ struct SeqParams {
   // How far ahead (in recorded slots) an observed op may resynchronise the
   // replay pointer; ops not found within it count as insertions.
   std::uint32_t resync_window = 64;
+  // An unmatched op that touches what one of the last anchor_back recorded
+  // slots touched is in step (an inserted op: Note [Anchoring on tensors]).
+  std::uint32_t anchor_back = 8;
   // Recorded iteration shapes kept per job, keyed by the signature of the
   // iteration's first op (training steps, prefill and decode steps differ).
   std::uint32_t records_per_job = 4;
@@ -136,6 +139,8 @@ class SeqPredictor final : public Predictor {
   Job& job(std::uint32_t j);
   void begin_step(const Access& a);
   void start_iteration(Job& jb, std::uint64_t first_sig);
+  // The recorded slot the step just observed is (Note [Anchoring on tensors]).
+  void match_step(Job& jb);
   void join_group(std::uint32_t t, const Access& a);
   void leave_group(std::uint32_t t);
   // Calls visit(ahead, job, record, slot) for each step ahead the plan fills.
@@ -166,6 +171,7 @@ class SeqPredictor final : public Predictor {
   int step_rec_ = -1;  // the recorded slot this step matched, if any
   std::uint32_t step_pos_ = 0;
   std::uint64_t step_sig_ = 0;
+  bool step_new_iter_ = false;  // the step began an iteration of its job
   std::vector<std::uint32_t> step_tensors_;
   std::vector<std::uint32_t> step_groups_;
   bool open_ = false;
