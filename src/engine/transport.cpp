@@ -1,5 +1,7 @@
 #include "u3m/engine/transport.hpp"
 
+#include "u3m/mem/link.hpp"
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -32,7 +34,7 @@ struct BackendTransport::Worker {
   std::deque<Transfer> queue;
   bool stop = false;
   std::uint64_t async_in_flight = 0;  // SSD ops whose callback has not run
-  std::chrono::steady_clock::time_point link_free{};
+  mem::LinkSchedule schedule;  // a throttled link's bookings (Note [Link model]), steady ns
   std::thread thread;
 
   Worker(BackendTransport& o, Link l) : owner(o), link(l) {
@@ -61,11 +63,13 @@ struct BackendTransport::Worker {
   // Note [Link throttle] in transport.hpp.
   void pace(const Transfer& t) {
     if (t.rate_limit <= 0) return;
-    auto now = std::chrono::steady_clock::now();
-    auto start = std::max(now, link_free);
-    link_free = start + std::chrono::nanoseconds(static_cast<std::int64_t>(
-                            static_cast<double>(t.bytes) / t.rate_limit * 1e9));
-    if (start > now) std::this_thread::sleep_until(start);
+    using Clock = std::chrono::steady_clock;
+    const auto now = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count());
+    const mem::LinkSchedule::Slot s = schedule.book(now, t.bytes, t.rate_limit);
+    if (s.start_ns > now)
+      std::this_thread::sleep_until(Clock::time_point(std::chrono::nanoseconds(s.start_ns)));
   }
 
   void finish(const Transfer& t, Status s) { owner.done_(t, s); }

@@ -58,6 +58,7 @@
 // whoever sets one then takes and drops every mutex a waiter could be
 // sleeping on before notifying, so no waiter misses the wake-up.
 #include "u3m/mem/device_emu.hpp"
+#include "u3m/mem/link.hpp"
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -143,20 +144,23 @@ class RangeAllocator {
 };
 
 // One link direction's bandwidth, shared by every stream copying that way.
-// Each chunk books the next free slot on the link; the engine sleeps until
-// its slot ends, so B bytes never take less than B / rate.
+// Each chunk books the next free slot on the link (mem::LinkSchedule, Note
+// [Link model] in link.hpp); the engine sleeps until its slot ends, so B
+// bytes never take less than B / rate.
 struct Link {
   double bytes_per_s = 0;  // 0 = unthrottled
   std::mutex mu;
-  Clock::time_point free_at{};
+  LinkSchedule schedule;  // on steady_clock nanoseconds
 
   std::optional<Clock::time_point> book(std::uint64_t bytes) {
     if (bytes_per_s <= 0) return std::nullopt;
     std::lock_guard g(mu);
-    Clock::time_point start = std::max(Clock::now(), free_at);
-    free_at = start + std::chrono::duration_cast<Clock::duration>(
-                          std::chrono::duration<double>(double(bytes) / bytes_per_s));
-    return free_at;
+    const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         Clock::now().time_since_epoch())
+                         .count();
+    const std::uint64_t end =
+        schedule.book(static_cast<std::uint64_t>(now), bytes, bytes_per_s).free_ns;
+    return Clock::time_point(std::chrono::nanoseconds(end));
   }
 };
 

@@ -5,9 +5,6 @@
 
 namespace u3m::policy {
 
-double LinkCost::seconds(std::uint64_t bytes) const {
-  return static_cast<double>(bytes) / bandwidth + latency_s;
-}
 
 double fetch_seconds(std::uint64_t bytes, mem::Tier from, const LinkCost& h2d,
                      const LinkCost& s2h) {
@@ -32,16 +29,6 @@ std::uint32_t horizon_ops(double max_transfer_s, double op_s, const JitConfig& c
   const double ops = std::ceil(max_transfer_s * c.factor / op_s) + c.slack_ops + 1;
   return static_cast<std::uint32_t>(
       std::clamp(ops, static_cast<double>(c.min_ops), static_cast<double>(c.max_ops)));
-}
-
-double LinkBacklog::ahead_s(std::uint64_t now_ns) const {
-  return free_ns_ > now_ns ? static_cast<double>(free_ns_ - now_ns) * 1e-9 : 0.0;
-}
-
-void LinkBacklog::book(std::uint64_t bytes, std::uint64_t now_ns) {
-  // Latency is pipelined (Note [Link model]): only the bytes hold the link.
-  const double busy_s = static_cast<double>(bytes) / link_.bandwidth;
-  free_ns_ = std::max(free_ns_, now_ns) + static_cast<std::uint64_t>(std::llround(busy_s * 1e9));
 }
 
 void OpClock::tick(std::uint64_t now_ns) {

@@ -20,6 +20,15 @@ OpCost op_cost(const HwProfile& hw, double flops, double bytes) {
   return c;
 }
 
+double collective_s(const HwProfile& hw, std::uint64_t bytes) {
+  return hw.peer_link.model().seconds(bytes) + hw.device.launch_overhead.si;
+}
+
+double all_reduce_s(const HwProfile& hw, double message_bytes, std::uint32_t cards) {
+  const mem::LinkModel p = hw.peer_link.model();
+  return 2.0 * (p.latency_s + message_bytes / (cards * p.bandwidth));
+}
+
 double ridge_intensity(const HwProfile& hw) {
   return hw.device.peak_flops.si * hw.device.matmul_efficiency.si / hw.device.hbm_bandwidth.si;
 }

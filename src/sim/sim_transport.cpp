@@ -10,9 +10,7 @@
 namespace u3m::sim {
 
 namespace {
-std::uint64_t to_ns(double s) {
-  return static_cast<std::uint64_t>(std::llround(s * 1e9));
-}
+using mem::seconds_to_ns;
 bool ssd_link(int i) {
   return i == static_cast<int>(engine::Link::h2s) || i == static_cast<int>(engine::Link::s2h);
 }
@@ -21,13 +19,8 @@ bool ssd_link(int i) {
 void SimTransportConfig::validate() const {
   for (int i = 0; i < kNumLinks; ++i) {
     if (ssd_link(i) && ssd_capacity == 0) continue;
-    const LinkModel& m = links[i];
-    const auto name = engine::to_string(static_cast<engine::Link>(i));
-    if (!(std::isfinite(m.bandwidth) && m.bandwidth > 0))
-      input_error("sim links", "{}.bandwidth must be a positive number of bytes/s, got {}", name,
-                  m.bandwidth);
-    if (!(std::isfinite(m.latency_s) && m.latency_s >= 0))
-      input_error("sim links", "{}.latency must be >= 0 s, got {}", name, m.latency_s);
+    links[i].validate("sim links", engine::to_string(static_cast<engine::Link>(i)),
+                      /*unbounded_ok=*/false);
   }
 }
 
@@ -47,7 +40,7 @@ std::string SimTransportConfig::describe() const {
 SimTransportConfig links_from_profile(const HwProfile& hw, std::uint64_t ssd_capacity,
                                       std::uint32_t ssd_cards) {
   SimTransportConfig c;
-  const LinkModel pcie{hw.host_link.bandwidth_practical.si, hw.host_link.latency.si};
+  const LinkModel pcie = hw.host_link.model();
   c.links[static_cast<int>(engine::Link::d2h)] = pcie;
   c.links[static_cast<int>(engine::Link::h2d)] = pcie;
   // A card's share of the node's drives (profile.hpp: bandwidths are per drive).
@@ -71,9 +64,9 @@ int SimTransport::channel(engine::Link l) const {
                                                       : static_cast<int>(l);
 }
 
-std::uint64_t& SimTransport::free_at(engine::Link l) {
+mem::LinkSchedule& SimTransport::schedule(engine::Link l) {
   const int c = channel(l);
-  return shared_ssd_ && ssd_link(c) ? shared_ssd_->free_at[c] : free_at_[c];
+  return shared_ssd_ && ssd_link(c) ? shared_ssd_->schedule[c] : schedule_[c];
 }
 
 void SimTransport::start(const engine::Transfer& t) {
@@ -99,14 +92,12 @@ void SimTransport::start(const engine::Transfer& t) {
   }
 
   SimLinkStats& st = stats_[li];
-  std::uint64_t done_at = now + to_ns(m.latency_s);
+  std::uint64_t done_at = now + seconds_to_ns(m.latency_s);
   if (mem::ok(status)) {
     const double rate = t.rate_limit > 0 ? std::min(m.bandwidth, t.rate_limit) : m.bandwidth;
-    std::uint64_t& free = free_at(t.link);
-    const std::uint64_t s = std::max(now, free);
-    const std::uint64_t hold = to_ns(static_cast<double>(t.bytes) / rate);
-    free = s + hold;
-    done_at = s + hold + to_ns(m.latency_s);
+    const mem::LinkSchedule::Slot slot = schedule(t.link).book(now, t.bytes, rate);
+    const std::uint64_t s = slot.start_ns, hold = slot.free_ns - slot.start_ns;
+    done_at = slot.free_ns + seconds_to_ns(m.latency_s);
     st.busy_ns += hold;
     st.queue_ns += s - now;
     if (shared_ssd_ && ssd_link(li)) {

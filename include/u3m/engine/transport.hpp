@@ -55,11 +55,12 @@ class Transport {
 };
 
 // Note [Link throttle]
-// A throttled link books each transfer into the next free slot of its rate,
-// start = max(now, link free), free = start + bytes / rate, and waits for the
-// slot before issuing it. Transfers on one link therefore never exceed the
-// rate together, and an emergency spill at 1 GB/s leaves the rest of the
-// SSD's bandwidth to demand reads, whatever the transfer sizes.
+// A throttled link books each transfer into the next free slot of its rate
+// on a mem::LinkSchedule (Note [Link model] in mem/link.hpp, the schedule the
+// simulated links book on too), and waits for the slot's start before
+// issuing it. Transfers on one link therefore never exceed the rate
+// together, and an emergency spill at 1 GB/s leaves the rest of the SSD's
+// bandwidth to demand reads, whatever the transfer sizes.
 
 // Real transport: one worker thread per link. Memory links copy with the
 // device backend's memcpy_async on the link's own stream and synchronize; SSD

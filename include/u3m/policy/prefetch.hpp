@@ -7,17 +7,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "u3m/mem/link.hpp"
 #include "u3m/mem/status.hpp"
 
 namespace u3m::policy {
 
-// One direction of one link, as the policy models it (bandwidth in bytes/s).
-struct LinkCost {
-  double bandwidth = 0;  // > 0
-  double latency_s = 0;
-  // Seconds to move `bytes` over an idle link.
-  double seconds(std::uint64_t bytes) const;
-};
+// One direction of one link, as everything models it (Note [Link model] in
+// mem/link.hpp).
+using LinkCost = mem::LinkModel;
 
 // Seconds to bring `bytes` to the device from `from` on idle links: 0 from
 // the device, h2d from the host, s2h then h2d from the SSD (the engine
@@ -53,19 +50,21 @@ bool prefetch_due(double until_use_s, double transfer_s, double queued_s, double
 std::uint32_t horizon_ops(double max_transfer_s, double op_s, const JitConfig& c);
 
 // The work a policy has queued on one link, as a FIFO schedule on the
-// caller's clock (Note [Link model] in sim_transport.hpp): book() adds a
-// transfer behind the ones already booked; ahead_s() is how long a transfer
-// issued at `now_ns` would wait for them.
+// caller's clock (mem::LinkSchedule, Note [Link model] in mem/link.hpp):
+// book() adds a transfer behind the ones already booked; ahead_s() is how
+// long a transfer issued at `now_ns` would wait for them.
 class LinkBacklog {
  public:
   explicit LinkBacklog(LinkCost link = {}) : link_(link) {}
-  double ahead_s(std::uint64_t now_ns) const;
-  void book(std::uint64_t bytes, std::uint64_t now_ns);
+  double ahead_s(std::uint64_t now_ns) const { return schedule_.ahead_s(now_ns); }
+  void book(std::uint64_t bytes, std::uint64_t now_ns) {
+    schedule_.book(now_ns, bytes, link_.bandwidth);
+  }
   const LinkCost& link() const { return link_; }
 
  private:
   LinkCost link_;
-  std::uint64_t free_ns_ = 0;  // when the booked transfers are done
+  mem::LinkSchedule schedule_;
 };
 
 // The mean time from one op's start to the next, as an exponential moving

@@ -28,6 +28,16 @@ inline OpCost op_cost(const HwProfile& hw, const trace::Op& op) {
   return op_cost(hw, op.flops, static_cast<double>(op.bytes));
 }
 
+// Note [Peer-link cost]
+// The one place the simulator prices traffic between cards. A ZeRO-3
+// all-gather or reduce-scatter is a collective op whose bytes the trace
+// records as what the card moves; it costs those bytes over the peer link
+// plus one launch. A tensor-parallel all-reduce of a message of M bytes
+// over N cards is a reduce-scatter then an all-gather, each card sending M/N
+// to every peer in parallel: 2 * (latency + M / (N * peer bandwidth)).
+double collective_s(const HwProfile& hw, std::uint64_t bytes);
+double all_reduce_s(const HwProfile& hw, double message_bytes, std::uint32_t cards);
+
 // Arithmetic intensity (FLOP per byte) above which an op is compute bound.
 double ridge_intensity(const HwProfile& hw);
 

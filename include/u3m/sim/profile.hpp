@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "u3m/mem/link.hpp"
+
 namespace u3m::sim {
 
 // What a Param measures; decides the units it accepts.
@@ -37,6 +39,8 @@ struct LinkSpec {
   Param bandwidth_theoretical;  // per direction, wire rate
   Param bandwidth_practical;    // per direction, what copies achieve
   Param latency;                // fixed cost of one transfer
+  // The link as the one link model: practical bandwidth, latency.
+  mem::LinkModel model() const { return {bandwidth_practical.si, latency.si}; }
 };
 
 struct HwProfile {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "u3m/engine/transport.hpp"
+#include "u3m/mem/link.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/virtual_time.hpp"
 
@@ -18,10 +19,8 @@ namespace u3m::sim {
 using engine::kNumLinks;
 
 // One direction of one link.
-struct LinkModel {
-  double bandwidth = 0;  // bytes/s the link carries, > 0
-  double latency_s = 0;  // fixed cost of one transfer, >= 0
-};
+// The one link model (Note [Link model] in mem/link.hpp).
+using mem::LinkModel;
 
 struct SimTransportConfig {
   std::array<LinkModel, kNumLinks> links{};  // indexed by engine::Link
@@ -55,26 +54,20 @@ struct SimLinkStats {
 // which every card's SSD traffic crosses (Note [Link model]). It must
 // outlive the transports that book on it.
 struct SharedLinks {
-  std::array<std::uint64_t, kNumLinks> free_at{};  // per channel, as SimTransport's own
+  std::array<mem::LinkSchedule, kNumLinks> schedule{};  // per channel, as SimTransport's own
   std::array<SimLinkStats, kNumLinks> stats{};     // every transport's traffic on it
 };
 
-// Note [Link model]
-// A link is a FIFO pipe: a transfer of B bytes issued at t starts carrying
-// bytes at s = max(t, the link's free time), holds the link for B / rate, and
-// completes at s + B / rate + latency. Latency is pipelined (a DMA's setup
-// and flight time, an NVMe command's service time overlap the previous
-// transfer's data), so concurrent transfers share the link's bandwidth
-// between them: N transfers of B bytes issued together finish by
-// latency + N*B/rate. The rate is the link's bandwidth, or
-// Transfer::rate_limit when that is lower (Note [Link throttle] in
-// transport.hpp books the same slots). d2h and h2d are independent
-// directions; h2s and s2h share one free time when ssd_shared (an NVMe drive
-// serves reads and writes from the same flash), each at its own bandwidth.
-// With SharedLinks, h2s and s2h book on the shared free times instead of the
-// transport's own, so the SSD traffic of several simulated cards queues FIFO
-// on one link: cards out of phase each get its whole bandwidth, cards in
-// phase divide it (as a static 1/N share would).
+// How the simulated links book transfers: Note [Link model] in mem/link.hpp.
+// The rate is the link's bandwidth, or Transfer::rate_limit when that is
+// lower (the real transport books the same slots: Note [Link throttle] in
+// transport.hpp). d2h and h2d are independent directions; h2s and s2h share
+// one schedule when ssd_shared (an NVMe drive serves reads and writes from
+// the same flash), each at its own bandwidth. With SharedLinks, h2s and s2h
+// book on the shared schedules instead of the transport's own, so the SSD
+// traffic of several simulated cards queues FIFO on one link: cards out of
+// phase each get its whole bandwidth, cards in phase divide it (as a static
+// 1/N share would).
 class SimTransport final : public engine::Transport {
  public:
   // `clock` must outlive the transport, and the transport must outlive every
@@ -107,13 +100,13 @@ class SimTransport final : public engine::Transport {
     engine::Status status;
   };
   int channel(engine::Link l) const;
-  std::uint64_t& free_at(engine::Link l);
+  mem::LinkSchedule& schedule(engine::Link l);
   void complete(std::uint32_t slot);
 
   VirtualTime& clock_;
   SimTransportConfig config_;
   engine::TransferDone done_;
-  std::array<std::uint64_t, kNumLinks> free_at_{};  // per channel: when the link is free
+  std::array<mem::LinkSchedule, kNumLinks> schedule_{};  // per channel
   std::array<SimLinkStats, kNumLinks> stats_{};
   std::unordered_map<std::uint64_t, std::uint64_t> ssd_;  // key -> bytes held (bookkeeping)
   std::vector<Pending> pending_;                          // by slot
