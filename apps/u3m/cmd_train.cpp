@@ -118,7 +118,7 @@ nlohmann::json result_json(const experiments::TrainResult& r) {
   }
   nlohmann::json u3m = nullptr;  // the u3m policy's own decisions (docs/policy.md)
   if (r.u3m_policy) {
-    const experiments::U3mPolicyStats& p = *r.u3m_policy;
+    const policy::U3mPolicyStats& p = *r.u3m_policy;
     u3m = {{"recalibrations", p.recalibrations},
            {"demotions", p.demotions},
            {"jit_prefetches", p.jit_prefetches},
@@ -554,7 +554,7 @@ void add_train_commands(CLI::App& app) {
          "--model", a->model,
          "llama2-13b, llama3-8b, tiny, tiny-mha, or a family shape (llama-1b .. llama-70b)")
       ->capture_default_str();
-  sim->add_option("--policy", a->policy, "hbm-only | static-offload | lru | u3m | oracle")
+  sim->add_option("--policy", a->policy, policy::tiering_policy_choices())
       ->capture_default_str();
   sim->add_option("--fail-card", a->fail_card,
                   "K@STEP: card K fails before step STEP; its shards move to card K+1 over the "

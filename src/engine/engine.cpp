@@ -156,6 +156,7 @@ struct alignas(64) Engine::Entry {
   std::uint64_t backoff_ns = 0;
   std::uint64_t ssd_verified_ns =
       0;  // the SSD copy last checked out (Note [Verified before dropped])
+  double score[2] = {0, 0};  // victim scores, per memory tier (Note [Published victim scores])
 
   bool has(Tier t) const { return valid & bit(t); }
   std::uint32_t total_readers() const { return readers[0] + readers[1]; }
@@ -548,7 +549,8 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
     // Host data with no other copy can leave only to an SSD tier.
     return t == Tier::device || transport_.has_ssd() || e.has(Tier::ssd) || e.has(Tier::device);
   };
-  if (!victim_score_) {
+  if (victim_order_ == VictimOrder::owner) return;
+  if (victim_order_ == VictimOrder::lru) {
     // Least recently used first; copies a prefetch brought and nobody used
     // yet go only in a second pass: they are recent news, not old data, and
     // evicting them wastes the prefetch (found by the simulator's lookahead
@@ -585,7 +587,7 @@ void Engine::evict_for_pressure(Tier t, Actions& act) {
   std::size_t best = 0;  // index of the minimum in victims_
   for (Entry* x = lru_[i].head; x; x = x->lru_next[i]) {
     if (!candidate(*x)) continue;
-    const double score = victim_score_(x->id, t);
+    const double score = x->score[i];
     if (!(score < std::numeric_limits<double>::infinity())) continue;  // +inf or NaN: never
     // Strictly lower only: an equal score later in LRU order ranks after.
     if (!victims_.empty() && score < victims_[best].score) best = victims_.size();
@@ -896,13 +898,15 @@ void Engine::on_done(const Transfer& t, Status s) {
 
 // ---- the public calls -------------------------------------------------------
 
-Status Engine::add(TensorId id, std::uint64_t bytes) {
+Status Engine::add(TensorId id, std::uint64_t bytes, Scores scores) {
   if (bytes == 0) return Status::invalid_argument;
   std::lock_guard lk(mu_);
   if (find(id)) return Status::invalid_argument;
   Entry* e = new_entry();
   e->id = id;
   e->bytes = bytes;
+  e->score[0] = scores.device;
+  e->score[1] = scores.host;
   entries_.insert(id, e);
   st_.tensors = entries_.size();
   return Status::ok;
@@ -1299,10 +1303,31 @@ Status Engine::evict(TensorId id, Tier from) {
 
 // pump() starts every job that can start after each change, so once nothing
 // runs, what is still queued waits for a release (room or a lease).
-void Engine::set_victim_score(VictimScore fn) {
+void Engine::set_victim_order(VictimOrder order) {
   std::lock_guard lk(mu_);
-  victim_score_ = std::move(fn);
-  notify();  // copies the old order kept may be evictable now
+  victim_order_ = order;
+  ++changes_;  // copies the old order kept may be evictable now
+  notify();
+}
+
+// Scores take effect at the next pressure scan (the next acquire, release or
+// completion), not here: publishing is the policy's bookkeeping, and a scan
+// of its own would move evictions ahead of where the driver's next call
+// makes them.
+void Engine::publish_scores(std::span<const ScoreUpdate> updates) {
+  std::lock_guard lk(mu_);
+  bool lowered = false;
+  for (const ScoreUpdate& u : updates) {
+    Entry* e = find(u.id);
+    if (!e) continue;
+    lowered = lowered || !(u.scores.device >= e->score[0]) || !(u.scores.host >= e->score[1]);
+    e->score[0] = u.scores.device;
+    e->score[1] = u.scores.host;
+  }
+  if (lowered && victim_order_ == VictimOrder::scores) {
+    ++changes_;  // a copy the old scores kept may be a victim now
+    notify();
+  }
 }
 
 void Engine::drain() {

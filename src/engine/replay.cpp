@@ -351,7 +351,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     // Prefetch while this op holds its leases: room made now cannot be taken
     // from this op's own inputs (they are pinned), only from colder data.
     // Each op is prefetched once, `lookahead` ops ahead; the first op also
-    // covers the ops no earlier op reached (as sim::lookahead_prefetch does).
+    // covers the ops no earlier op reached (as policy::prefetch_ahead does).
     if (o.lookahead) {
       const std::size_t first = op == 0 ? 1 : op + o.lookahead;
       for (std::size_t a = first; a <= op + o.lookahead && a < steps.size(); ++a) {

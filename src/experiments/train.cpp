@@ -11,7 +11,8 @@
 #include <fmt/format.h>
 
 #include "u3m/engine/replay.hpp"
-#include "u3m/experiments/train_policy.hpp"
+#include "u3m/policy/tiering.hpp"
+#include "u3m/policy/u3m.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/sim/sim_transport.hpp"
 #include "u3m/util/error.hpp"
@@ -23,8 +24,11 @@ namespace u3m::experiments {
 using engine::Tier;
 
 const std::vector<std::string>& train_policy_names() {
-  static const std::vector<std::string> names = {"hbm-only", "static-offload", "lru", "u3m",
-                                                 "oracle"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const policy::PolicyInfo& p : policy::tiering_policies()) n.emplace_back(p.name);
+    return n;
+  }();
   return names;
 }
 
@@ -33,11 +37,7 @@ void TrainScenario::validate() const {
   train.validate(workload::kTrainSimFlags);
   if (cards == 0) input_error("--cards", "must be >= 1");
   if (steps < 2) input_error("--steps", "must be >= 2 (the first step warms up)");
-  const auto& n = train_policy_names();
-  if (std::find(n.begin(), n.end(), policy) == n.end())
-    input_error("--policy",
-                "unknown policy '{}' (expected hbm-only, static-offload, lru, u3m or oracle)",
-                policy);
+  policy::find_tiering_policy(policy, "--policy");
   // A finite period that fits in a uint64 of nanoseconds (about 584 years).
   if (!(u3m.recalibrate_period_s >= 0 && u3m.recalibrate_period_s <= 1e9))
     input_error("--recalibrate-period",
@@ -128,7 +128,7 @@ Workloads make_workloads(const TrainScenario& s, const std::vector<CardSlot>& sl
       workload::generate_train(s.shape, x, w->t);
       w->steps = sim::build_steps(w->t);
       w->tables = std::make_unique<sim::TraceTables>(w->t, w->steps);
-      if (s.policy == "u3m") w->window_log = make_window_log(w->t);
+      if (s.policy == "u3m") w->window_log = policy::make_window_log(w->t);
       out.loads.push_back(std::move(w));
       it = out.loads.end() - 1;
     }
@@ -156,11 +156,9 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
 
   const sim::HwProfile& hw = s.hw;
   const double launch = hw.device.launch_overhead.si;
-  auto device_time = [&hw, launch](const trace::Op& op) {
-    if (op.cls ==
-        trace::OpClass::collective)  // ZeRO-3 all-gather / reduce-scatter on the card link
-      return static_cast<double>(op.bytes) / hw.peer_link.bandwidth_practical.si +
-             hw.peer_link.latency.si + launch;
+  auto device_time = [&hw](const trace::Op& op) {
+    // ZeRO-3 all-gather / reduce-scatter on the card link (Note [Peer-link cost]).
+    if (op.cls == trace::OpClass::collective) return sim::collective_s(hw, op.bytes);
     return sim::op_cost(hw, op).total_s;
   };
   // A host Adam step streams master, m, v, gradient and weight once: bound
@@ -187,26 +185,27 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
     return r;
   }
   std::vector<sim::CardSpec> specs;
-  std::vector<std::shared_ptr<const U3mPolicyStats>> policy_stats;  // by card
+  // A policy per card: a policy's heat state is the card's own, and so are
+  // its predictor's answers (read from the trace's shared log, Note [Shared
+  // window log], which gives each reader what its own predictor would).
+  std::vector<std::unique_ptr<policy::TieringPolicy>> policies;
   for (std::size_t c = 0; c < slots.size(); ++c) {
     const Workload& w = *load_of[c];
-    // Hooks per card: a policy's heat state is the card's own, and so are its
-    // predictor's answers (read from the trace's shared log, Note [Shared
-    // window log], which gives each reader what its own predictor would).
-    TrainPolicy pol =
-        make_train_policy(s.policy, {w.t, w.steps, host_optimizer, share, s.u3m, w.window_log});
-    r.optimizer_on_host = pol.optimizer_on_host;
-    policy_stats.push_back(pol.u3m_stats);
+    policy::PolicyInputs in{.trace = w.t,
+                            .steps = w.steps,
+                            .host_optimizer = host_optimizer,
+                            .h2d = share.links[static_cast<int>(engine::Link::h2d)],
+                            .s2h = share.links[static_cast<int>(engine::Link::s2h)],
+                            .has_ssd = share.ssd_capacity > 0,
+                            .u3m = s.u3m,
+                            .window_log = w.window_log};
+    policies.push_back(policy::make_tiering_policy(s.policy, in));
+    const policy::TieringPolicy& pol = *policies.back();
+    r.optimizer_on_host = pol.optimizer_on_host();
     sim::SimOptions co = o;
-    co.prefetch = pol.prefetch;
-    co.victim_score = pol.victim;
-    co.home_tier = pol.home;
-    const bool host_opt_on = pol.optimizer_on_host;
-    co.op_tier = [host_opt_on](const trace::Op& op) {
-      return host_opt_on && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
-    };
-    co.op_time = [device_time, host_time, host_opt_on](const trace::Op& op) {
-      return host_opt_on && op.phase == trace::Phase::optimizer ? host_time(op) : device_time(op);
+    co.policy = policies.back().get();
+    co.op_time = [&pol, device_time, host_time](const trace::Op& op) {
+      return pol.op_tier(op) == Tier::host ? host_time(op) : device_time(op);
     };
     specs.push_back(sim::CardSpec{w.t, w.steps, std::move(co), slots[c].card, w.tables.get()});
   }
@@ -239,8 +238,8 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
   }
   r.sim = run.cards[slowest];
   r.sim_card = slots[slowest].card;
-  // Read after the run: the hooks filled them in.
-  if (policy_stats[slowest]) r.u3m_policy = *policy_stats[slowest];
+  // Read after the run: the policy filled them in.
+  if (const policy::U3mPolicyStats* u = policy::u3m_stats(*policies[slowest])) r.u3m_policy = *u;
   // Infinite HBM needs no recompute: a checkpointed layer's second forward
   // (the generator's ".recompute" ops) is a price paid for memory, so it
   // counts as loss, not as ideal work. The job's ideal is its slowest card's.
@@ -309,7 +308,7 @@ namespace {
 
 TrainResult simulate_cards_policy(const TrainScenario& s, const std::vector<CardSlot>& slots) {
   s.validate();
-  if (s.policy == "hbm-only" || s.policy == "lru")
+  if (s.policy == "hbm-only" || s.policy == "lru" || s.policy == "lookahead")
     return simulate_once(s, false, slots, make_workloads(s, slots));
   if (s.policy == "static-offload") return simulate_once(s, true, slots, make_workloads(s, slots));
   std::vector<std::uint32_t> choices = {s.train.recompute_layers};
@@ -409,8 +408,7 @@ FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f) {
   one.zero3_ranks = s.cards;
   const workload::analytic::TrainBytes b = workload::analytic::train_bytes(s.shape, one);
   r.moved_bytes = b.param_bytes + b.grad_bytes + b.optimizer_bytes;
-  r.move_s =
-      double(r.moved_bytes) / s.hw.peer_link.bandwidth_practical.si + s.hw.peer_link.latency.si;
+  r.move_s = s.hw.peer_link.model().seconds(r.moved_bytes);
   // The job's tokens/s on the N-1 survivors (an after-run simulated as N
   // symmetric cards would count the failed card's tokens too).
   auto survivors_tokens_per_s = [&](TrainResult& after) {

@@ -104,8 +104,7 @@ TieredStore::TieredStore(KvConfig config, TieredStoreOptions options)
       stack_(stack_options(bm_.config(), options)),
       opt_(std::move(options)) {
   // Note [Capacities agree]: the engine never picks a victim itself.
-  stack_.engine().set_victim_score(
-      [](engine::TensorId, Tier) { return std::numeric_limits<double>::infinity(); });
+  stack_.engine().set_victim_order(engine::Engine::VictimOrder::owner);
 }
 
 TieredStore::~TieredStore() = default;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace u3m::policy {
 
@@ -49,6 +50,12 @@ double HeatTracker::heat(std::uint32_t t, std::uint64_t now_ns) const {
   s.memo_ns = now_ns;
   s.memo = count / config_.window_s * s.scale;
   return s.memo;
+}
+
+double HeatTracker::order_key(std::uint32_t t) const {
+  if (t >= state_.size() || !(state_[t].count > 0)) return -std::numeric_limits<double>::infinity();
+  const State& s = state_[t];
+  return std::log(s.count * s.scale) + static_cast<double>(s.last_ns) * 1e-9 / config_.window_s;
 }
 
 namespace {

@@ -23,24 +23,6 @@ using engine::Access;
 using engine::Lease;
 using engine::Tier;
 
-PrefetchHook no_prefetch() {
-  return [](std::size_t, PrefetchContext&) {};
-}
-
-PrefetchHook lookahead_prefetch(unsigned k) {
-  if (k == 0) return no_prefetch();
-  return [k](std::size_t j, PrefetchContext& ctx) {
-    const auto& steps = ctx.steps();
-    // Each step is prefetched once, k steps ahead; the first step also
-    // covers the k steps that no earlier step reached.
-    const std::size_t first = j == 0 ? 1 : j + k;
-    for (std::size_t a = first; a <= j + k && a < steps.size(); ++a) {
-      if (ctx.step_tier(a) != Tier::device) continue;
-      for (const Touch& t : steps[a].touches) ctx.prefetch(t.tensor);
-    }
-  };
-}
-
 namespace {
 
 std::uint64_t seconds_to_ns(double s, const trace::Op& op) {
@@ -137,13 +119,13 @@ namespace {
 // the current instant and says what it waits for: its transport's next
 // completion, the end of its compute, or a barrier), and one driver
 // (simulate_cards) moves the clock for all cards: Note [Cards] in runner.hpp.
-class Simulation final : public PrefetchContext {
+class Simulation final : public policy::StepContext {
  public:
   enum class Wait { event, compute, barrier, done };
 
   Simulation(const trace::Trace& trace, const std::vector<Step>& steps, const TraceTables& tables,
              engine::Engine& eng, VirtualTime& vt, const SimTransport& transport,
-             const SimOptions& o, OpTimeFn op_time, PrefetchHook hook, SimReport& rep)
+             const SimOptions& o, OpTimeFn op_time, policy::TieringPolicy& policy, SimReport& rep)
       : trace_(trace),
         steps_(steps),
         tables_(tables),
@@ -153,7 +135,7 @@ class Simulation final : public PrefetchContext {
         transport_(transport),
         o_(o),
         op_time_(std::move(op_time)),
-        hook_(std::move(hook)),
+        policy_(policy),
         rep_(rep),
         n_(o.max_steps ? std::min<std::size_t>(o.max_steps, steps.size()) : steps.size()),
         registered_(trace.tensors.size(), 0),
@@ -166,13 +148,16 @@ class Simulation final : public PrefetchContext {
   const engine::Engine& engine() const override { return eng_; }
   std::uint64_t now_ns() const override { return vt_.now_ns(); }
   Tier step_tier(std::size_t step) const override {
-    return o_.op_tier ? o_.op_tier(trace_.ops[steps_[step].op]) : Tier::device;
+    return policy_.op_tier(trace_.ops[steps_[step].op]);
   }
   void prefetch(std::uint32_t t) override {
     if (registered_[t] && has_data_[t] && !removing_[t]) eng_.prefetch(id(t), Tier::device);
   }
   void demote(std::uint32_t t, Tier from) override {
     if (registered_[t] && has_data_[t] && !removing_[t]) eng_.evict(id(t), from);
+  }
+  void publish(std::span<const engine::Engine::ScoreUpdate> scores) override {
+    eng_.publish_scores(scores);
   }
 
   // Runs what the card can at the current instant (no time passes) and says
@@ -286,13 +271,14 @@ class Simulation final : public PrefetchContext {
     if (s.touches.empty()) return false;
     for (const Touch& t : s.touches) {
       if (!t.writes || has_data_[t.tensor]) return false;
+      if (!policy_.home_tier(trace_.tensors[t.tensor])) return false;  // no home: a step as any
     }
     return true;
   }
 
   void begin_step() {
     waiting_ = false;
-    if (o_.home_tier && creates_only(j_)) {
+    if (creates_only(j_)) {
       phase_ = Phase::materializing;
       mat_i_ = 0;
       mat_ensured_ = false;
@@ -300,7 +286,7 @@ class Simulation final : public PrefetchContext {
     }
     const Step& s = steps_[j_];
     const trace::Op& op = trace_.ops[s.op];
-    tier_ = o_.op_tier ? o_.op_tier(op) : Tier::device;
+    tier_ = policy_.op_tier(op);
     fam_ = &families_[tables_.family_of_op[s.op]];
     ++fam_->steps;
     leases_.assign(s.touches.size(), Lease{});
@@ -327,7 +313,7 @@ class Simulation final : public PrefetchContext {
       Lease l;
       for (;;) {
         const engine::Status st = eng_.try_acquire(
-            id(t.tensor), o_.home_tier(trace_.tensors[t.tensor]), Access::write, &l);
+            id(t.tensor), *policy_.home_tier(trace_.tensors[t.tensor]), Access::write, &l);
         if (mem::ok(st)) break;
         if (st != engine::Status::busy || transport_.in_flight() == 0) {
           fail(fmt::format("step {}: cannot create '{}' in its home tier: {}", j_,
@@ -407,7 +393,7 @@ class Simulation final : public PrefetchContext {
   // (Note [Simulation loop]), then a collective waits for the other cards.
   void acquired() {
     add_stall();
-    hook_(j_, *this);
+    policy_.on_step(j_, *this);
     if (trace_.ops[steps_[j_].op].cls == trace::OpClass::collective) {
       ++rep_.collectives;
       if (solo_) return start_compute();  // nobody to wait for
@@ -481,7 +467,7 @@ class Simulation final : public PrefetchContext {
       return;
     }
     if (!registered_[t]) {
-      eng_.add(id(t), bytes_[t]);
+      eng_.add(id(t), bytes_[t], policy_.initial_scores(t, j_));
       registered_[t] = 1;
       has_data_[t] = 0;
     }
@@ -496,7 +482,7 @@ class Simulation final : public PrefetchContext {
   const SimTransport& transport_;
   const SimOptions& o_;
   const OpTimeFn op_time_;
-  const PrefetchHook hook_;
+  policy::TieringPolicy& policy_;
   SimReport& rep_;
   const std::size_t n_;
   std::vector<std::uint8_t> registered_, has_data_, removing_;
@@ -529,8 +515,8 @@ struct Card {
         host(report.host_budget),
         eng(engine_config(), pool, host, transport, vt),
         sim(spec.trace, spec.steps, tables, eng, vt, transport, options, compute_model(options),
-            options.prefetch ? options.prefetch : lookahead_prefetch(options.lookahead), report) {
-    if (options.victim_score) eng.set_victim_score(options.victim_score);
+            policy_of(spec), report) {
+    eng.set_victim_order(policy_of(spec).victim_order());
   }
 
   // Fills the report's budgets; the pool's capacity follows the device budget.
@@ -576,7 +562,17 @@ struct Card {
     rep.op_families = sim.families();
   }
 
+  // The card's policy: the spec's, or the lookahead policy (made once).
+  policy::TieringPolicy& policy_of(const CardSpec& spec) {
+    if (spec.options.policy) return *spec.options.policy;
+    if (!own_policy)
+      own_policy = policy::make_tiering_policy(
+          "lookahead", {.trace = spec.trace, .steps = spec.steps, .lookahead = spec.options.lookahead});
+    return *own_policy;
+  }
+
   SimReport report;  // first: the members below are built from its budgets
+  std::unique_ptr<policy::TieringPolicy> own_policy;
   const SimOptions options;
   SimTransport transport;
   mem::VirtualSegmentSource source;

@@ -308,12 +308,11 @@ TEST(EngineManual, VictimScoreOrdersEvictionAndInfinityPins) {
   c.link_slots = {8, 8, 8, 8};
   ManualRig rig(c);
   Engine& e = *rig.engine;
+  e.set_victim_order(Engine::VictimOrder::scores);
   // Highest id first, except tensor 7, which the policy pins.
-  e.set_victim_score([](TensorId id, Tier) {
-    return id == 7 ? std::numeric_limits<double>::infinity() : -static_cast<double>(id);
-  });
   for (TensorId id = 1; id <= 7; ++id) {
-    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+    const double s = id == 7 ? std::numeric_limits<double>::infinity() : -static_cast<double>(id);
+    ASSERT_EQ(e.add(id, 128 * KiB, {s, s}), Status::ok);
     ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
   }
   ASSERT_EQ(rig.transport.pending(), 3u);
@@ -329,17 +328,18 @@ TEST(EngineManual, VictimScoreTiesGoToTheLeastRecentlyUsed) {
   c.link_slots = {8, 8, 8, 8};
   ManualRig rig(c);
   Engine& e = *rig.engine;
+  e.set_victim_order(Engine::VictimOrder::scores);
   // Tensors 1-3 score alike and lower than 4-6, so they go first, in LRU order.
-  e.set_victim_score([](TensorId id, Tier) { return id <= 3 ? 0.0 : 1.0; });
   for (TensorId id = 1; id <= 6; ++id) {
-    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+    const double s = id <= 3 ? 0.0 : 1.0;
+    ASSERT_EQ(e.add(id, 128 * KiB, {s, s}), Status::ok);
     ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
   }
   Lease l;  // 1 becomes the most recently used of the three
   ASSERT_EQ(e.acquire(1, Tier::device, Access::read, &l), Status::ok);
   ASSERT_EQ(e.release(l), Status::ok);
   ASSERT_EQ(rig.transport.pending(), 0u);
-  ASSERT_EQ(e.add(7, 128 * KiB), Status::ok);
+  ASSERT_EQ(e.add(7, 128 * KiB, {1.0, 1.0}), Status::ok);
   ASSERT_EQ(testing::write_version(e, 7, 0, Tier::device), Status::ok);
   // 896 KiB > 768 KiB: down to 512 KiB takes three, 2, 3, then 1.
   ASSERT_EQ(rig.transport.pending(), 3u);
@@ -348,35 +348,44 @@ TEST(EngineManual, VictimScoreTiesGoToTheLeastRecentlyUsed) {
   EXPECT_EQ(rig.transport.started[2].tensor, 1u);
 }
 
-// The score is asked for only when something must go: not below the high
-// watermark, and not while the write-backs already leaving cover the excess.
-TEST(EngineManual, VictimScoreIsAskedOnlyWhenSomethingMustGo) {
+// Note [Published victim scores]: the order is what was published last; a
+// score lowered from +inf makes a pinned copy a victim at the next scan, and under
+// the owner order the engine evicts nothing by itself.
+TEST(EngineManual, PublishedScoresReorderAndUnpinVictims) {
   EngineConfig c = small(1 * MiB, 16 * MiB, 0.75, 0.5);
   c.link_slots = {8, 8, 8, 8};
   ManualRig rig(c);
   Engine& e = *rig.engine;
-  int calls = 0;
-  e.set_victim_score([&calls](TensorId id, Tier) {
-    ++calls;
-    return static_cast<double>(id);
-  });
-  for (TensorId id = 1; id <= 6; ++id) {
-    ASSERT_EQ(e.add(id, 128 * KiB), Status::ok);
+  e.set_victim_order(Engine::VictimOrder::scores);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (TensorId id = 1; id <= 7; ++id) {
+    ASSERT_EQ(e.add(id, 128 * KiB, {inf, inf}), Status::ok);
     ASSERT_EQ(testing::write_version(e, id, 0, Tier::device), Status::ok);
   }
-  EXPECT_EQ(calls, 0);  // 768 KiB: at the high watermark, not above
-  ASSERT_EQ(e.add(7, 128 * KiB), Status::ok);
-  ASSERT_EQ(testing::write_version(e, 7, 0, Tier::device), Status::ok);
-  ASSERT_EQ(rig.transport.pending(), 3u);  // 1, 2, 3 leave
-  EXPECT_GT(calls, 0);
-  const int after_scan = calls;
-  Lease l;  // releases pump the engine again while the three are in flight
-  for (TensorId id : {4, 5, 6}) {
-    ASSERT_EQ(e.acquire(id, Tier::device, Access::read, &l), Status::ok);
-    ASSERT_EQ(e.release(l), Status::ok);
+  EXPECT_EQ(rig.transport.pending(), 0u);  // 896 KiB, above the watermark, all pinned
+  const Engine::ScoreUpdate u[] = {{5, {2.0, 2.0}}, {2, {1.0, 1.0}}, {6, {3.0, 3.0}},
+                                   {99, {0.0, 0.0}}};  // 99: not registered, skipped
+  e.publish_scores(u);
+  EXPECT_EQ(rig.transport.pending(), 0u);  // at the next scan, not at once
+  Lease l;
+  ASSERT_EQ(e.acquire(1, Tier::device, Access::read, &l), Status::ok);
+  ASSERT_EQ(e.release(l), Status::ok);
+  // Down to 512 KiB: three go, lowest score first.
+  ASSERT_EQ(rig.transport.pending(), 3u);
+  EXPECT_EQ(rig.transport.started[0].tensor, 2u);
+  EXPECT_EQ(rig.transport.started[1].tensor, 5u);
+  EXPECT_EQ(rig.transport.started[2].tensor, 6u);
+
+  ManualRig owned(c);
+  Engine& o = *owned.engine;
+  o.set_victim_order(Engine::VictimOrder::owner);
+  for (TensorId id = 1; id <= 7; ++id) {
+    ASSERT_EQ(o.add(id, 128 * KiB), Status::ok);
+    ASSERT_EQ(testing::write_version(o, id, 0, Tier::device), Status::ok);
   }
-  EXPECT_EQ(calls, after_scan);
-  EXPECT_EQ(rig.transport.pending(), 3u);
+  EXPECT_EQ(owned.transport.pending(), 0u);
+  ASSERT_EQ(o.evict(3, Tier::device), Status::ok);  // the owner's own eviction still runs
+  EXPECT_EQ(owned.transport.pending(), 1u);
 }
 
 // Ids far apart and in strides (as pointers or hashes would be) in the flat

@@ -1,27 +1,42 @@
-// The training policies' own decisions (experiments/train_policy): periodic
-// threshold recalibration and the link-time prefetch horizon.
+// The tiering policies (policy/tiering.hpp): the registry, the u3m policy's
+// own decisions (periodic threshold recalibration, the link-time prefetch
+// horizon), run in the simulator.
 #include <stdexcept>
 
 #include <gtest/gtest.h>
 
-#include "u3m/experiments/train_policy.hpp"
+#include "u3m/policy/tiering.hpp"
+#include "u3m/policy/u3m.hpp"
+#include "u3m/predict/window_log.hpp"
+#include "u3m/sim/runner.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/workload/generate.hpp"
 #include "u3m/workload/shape.hpp"
 
-namespace u3m::experiments {
+namespace u3m::policy {
 namespace {
 
-TEST(TrainPolicy, UnknownNameNamesTheFlag) {
+TEST(TieringPolicy, UnknownNameNamesTheFlagAndEveryChoice) {
   trace::Trace t;
-  std::vector<sim::Step> steps;
-  sim::SimTransportConfig links;
+  std::vector<Step> steps;
   try {
-    make_train_policy("fifo", {t, steps, false, links});
+    make_tiering_policy("fifo", {.trace = t, .steps = steps}, "--policy");
     FAIL() << "expected InputError";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--policy"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("fifo"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--policy"), std::string::npos) << what;
+    EXPECT_NE(what.find("fifo"), std::string::npos) << what;
+    for (const PolicyInfo& p : tiering_policies())
+      EXPECT_NE(what.find(p.name), std::string::npos) << what;
+  }
+}
+
+TEST(TieringPolicy, EveryRegisteredPolicyIsMadeUnderItsName) {
+  trace::Trace t;
+  std::vector<Step> steps;
+  for (const PolicyInfo& p : tiering_policies()) {
+    EXPECT_FALSE(p.help.empty()) << p.name;
+    EXPECT_EQ(make_tiering_policy(p.name, {.trace = t, .steps = steps})->name(), p.name);
   }
 }
 
@@ -42,22 +57,26 @@ trace::Trace tiny_trace() {
 // `log`: the policy's shared window log (null: its own).
 U3mRun run_u3m_on(const trace::Trace& t, const U3mPolicyOptions& opt, double device_fraction,
                   double h2d_bw, std::shared_ptr<predict::WindowLog> log = nullptr) {
-  const std::vector<sim::Step> steps = sim::build_steps(t);
+  const std::vector<Step> steps = sim::build_steps(t);
   sim::SimOptions o;
   o.device_fraction = device_fraction;
   o.links.links = {sim::LinkModel{h2d_bw, 1e-6}, sim::LinkModel{h2d_bw, 1e-6},
                    sim::LinkModel{1e9, 20e-6}, sim::LinkModel{2e9, 20e-6}};
   o.links.ssd_capacity = 1ull << 30;
   o.op_time = [](const trace::Op&) { return 100e-6; };
-  TrainPolicyInputs in{t, steps, false, o.links, opt, std::move(log)};
-  TrainPolicy pol = make_train_policy("u3m", in);
-  EXPECT_NE(pol.u3m_stats, nullptr);
-  o.prefetch = pol.prefetch;
-  o.victim_score = pol.victim;
-  o.home_tier = pol.home;
+  PolicyInputs in{.trace = t,
+                  .steps = steps,
+                  .h2d = o.links.links[static_cast<int>(engine::Link::h2d)],
+                  .s2h = o.links.links[static_cast<int>(engine::Link::s2h)],
+                  .has_ssd = true,
+                  .u3m = opt,
+                  .window_log = std::move(log)};
+  std::unique_ptr<TieringPolicy> pol = make_tiering_policy("u3m", in);
+  EXPECT_NE(u3m_stats(*pol), nullptr);
+  o.policy = pol.get();
   U3mRun r{sim::simulate_trace(t, steps, o), {}};
   EXPECT_TRUE(r.rep.ok()) << r.rep.first_error;
-  r.stats = *pol.u3m_stats;
+  r.stats = *u3m_stats(*pol);
   return r;
 }
 U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_bw) {
@@ -66,7 +85,7 @@ U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_b
 
 // Note [Shared window log]: runs that read one log decide as runs with their
 // own predictor, whether they replay it or (another horizon) fork.
-TEST(TrainPolicy, RunsSharingAWindowLogDecideAsRunsWithTheirOwn) {
+TEST(U3mPolicy, RunsSharingAWindowLogDecideAsRunsWithTheirOwn) {
   const trace::Trace t = tiny_trace();
   for (bool jit : {false, true}) {
     SCOPED_TRACE(jit ? "jit prefetch" : "fixed window");
@@ -102,14 +121,13 @@ TEST(TrainPolicy, RunsSharingAWindowLogDecideAsRunsWithTheirOwn) {
                std::logic_error);
 }
 
-TEST(TrainPolicy, OnlyU3mReportsItsCounters) {
+TEST(TieringPolicy, OnlyU3mReportsItsCounters) {
   trace::Trace t;
-  std::vector<sim::Step> steps;
-  sim::SimTransportConfig links;
-  EXPECT_EQ(make_train_policy("lru", {t, steps, false, links}).u3m_stats, nullptr);
+  std::vector<Step> steps;
+  EXPECT_EQ(u3m_stats(*make_tiering_policy("lru", {.trace = t, .steps = steps})), nullptr);
 }
 
-TEST(TrainPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {
+TEST(U3mPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {
   U3mPolicyOptions on;
   on.jit_prefetch = false;  // the recalibration alone
   const U3mRun a = run_u3m(on, 0.9, 5e9);
@@ -130,14 +148,14 @@ TEST(TrainPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {
   EXPECT_GT(a.rep.engine.evictions, b.rep.engine.evictions);
 }
 
-TEST(TrainPolicy, AFixedPeriodSetsHowOftenItRecalibrates) {
+TEST(U3mPolicy, AFixedPeriodSetsHowOftenItRecalibrates) {
   U3mPolicyOptions slow;
   slow.jit_prefetch = false;
   slow.recalibrate_period_s = 1000;  // longer than the run: never after calibration
   EXPECT_EQ(run_u3m(slow, 0.5, 5e9).stats.recalibrations, 0u);
 }
 
-TEST(TrainPolicy, PrefetchHorizonFollowsTheLinkTransferTime) {
+TEST(U3mPolicy, PrefetchHorizonFollowsTheLinkTransferTime) {
   U3mPolicyOptions jit;
   jit.recalibrate = false;
   jit.jit_prefetch = true;
@@ -166,4 +184,4 @@ TEST(TrainPolicy, PrefetchHorizonFollowsTheLinkTransferTime) {
 }
 
 }  // namespace
-}  // namespace u3m::experiments
+}  // namespace u3m::policy

@@ -151,9 +151,9 @@ TEST(SimRunner, NeverTouchesTheBytesItModels) {
 TEST(SimRunner, LookaheadPrefetchHidesTransfersBehindCompute) {
   const trace::Trace t = layers(8, 1 * MB, 3);
   SimOptions none = options(4 * MB, 2e-3);  // 2 ms per op vs ~1 ms per fetch
-  none.prefetch = no_prefetch();
+  none.lookahead = 0;
   SimOptions ahead = options(4 * MB, 2e-3);
-  ahead.prefetch = lookahead_prefetch(1);
+  ahead.lookahead = 1;
   const SimReport a = simulate_trace(t, none);
   const SimReport b = simulate_trace(t, ahead);
   ASSERT_TRUE(a.ok()) << a.first_error;
@@ -167,7 +167,7 @@ TEST(SimRunner, LookaheadPrefetchHidesTransfersBehindCompute) {
   // 6 MB (watermarks 5.4 / 4.8 MB) it has it and hides every fetch after
   // the first pass's warm-up.
   SimOptions two = options(6 * MB, 2e-3);
-  two.prefetch = lookahead_prefetch(2);
+  two.lookahead = 2;
   const SimReport c = simulate_trace(t, two);
   ASSERT_TRUE(c.ok()) << c.first_error;
   EXPECT_LT(c.stall_ns, a.stall_ns / 2);

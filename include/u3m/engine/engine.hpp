@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <span>
 #include <vector>
 
 #include "u3m/engine/clock.hpp"
@@ -115,6 +116,13 @@ struct EngineStats {
   std::uint64_t oom = 0;  // acquires refused: nothing left to evict
 };
 
+// A tensor's victim scores, per memory tier (Note [Published victim scores]
+// at Engine::set_victim_order): lower = evicted first; +inf (or NaN) = never
+// by pressure.
+struct VictimScores {
+  double device = 0, host = 0;
+};
+
 class Engine {
  public:
   // The references must outlive the engine. `device_pool` allocates device
@@ -126,10 +134,12 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  using Scores = VictimScores;
   // Registers a tensor with no data yet; its first acquire allocates it in
   // the tier asked for (contents undefined until written, like malloc).
+  // `scores` are its first victim scores (used with VictimOrder::scores).
   // invalid_argument for 0 bytes or an id already registered.
-  Status add(TensorId id, std::uint64_t bytes);
+  Status add(TensorId id, std::uint64_t bytes, Scores scores = {});
   // Forgets a tensor and frees its copies. busy while it is leased or moving.
   Status remove(TensorId id);
 
@@ -170,14 +180,28 @@ class Engine {
   Status prefetch(TensorId id, Tier tier);
   Status evict(TensorId id, Tier from);
 
-  // The policy's eviction order (policy/ layer: heat, Belady's oracle, pinned
-  // prefixes). Lower score = evicted first; +inf (or NaN) = never evicted by
-  // pressure. Null (the default) = least recently used. Called under the
-  // engine's lock: it must be quick and must not call back into the engine.
-  // It is asked only when something must go (for every candidate copy then),
-  // so it must not count on being called (no side effects that matter).
-  using VictimScore = std::function<double(TensorId, Tier)>;
-  void set_victim_score(VictimScore fn);
+  // Note [Published victim scores]
+  // The eviction order is data, not a call: under VictimOrder::scores the
+  // engine ranks candidates by the scores stored with each tensor, which
+  // the policy publishes (set at add(), then publish_scores() once per step,
+  // under the engine's lock). The engine never calls into policy state, so
+  // a transfer's completion thread, which may scan for victims, cannot race
+  // the policy thread that changes that state. A policy publishes only the
+  // scores that changed (the tensors a step touched, those that entered or
+  // left its window), so its scores must be keys whose order does not
+  // change by itself as time passes (policy/heat.hpp, HeatTracker::order_key).
+  //   lru     least recently used first (the default);
+  //   scores  by published score, ties to the least recently used;
+  //   owner   never by pressure: the engine's owner decides every eviction
+  //           (the KV store, whose block manager owns placement).
+  enum class VictimOrder : std::uint8_t { lru, scores, owner };
+  void set_victim_order(VictimOrder order);
+  struct ScoreUpdate {
+    TensorId id;
+    Scores scores;
+  };
+  // Sets each listed tensor's scores (ids not registered are skipped).
+  void publish_scores(std::span<const ScoreUpdate> updates);
 
   // Waits until no transfer is running; what is still queued then waits for
   // a release (room or a lease) to become startable.
@@ -410,7 +434,7 @@ class Engine {
   std::vector<Holder> holders_;
   std::uint64_t leases_ = 0, waiting_leases_ = 0;
   mem::Monitor monitor_;
-  VictimScore victim_score_;
+  VictimOrder victim_order_ = VictimOrder::lru;
   EngineStats st_;
   std::atomic<std::uint64_t> evictions_{0};  // st_.evictions, for evictions() without the lock
   double high_[2] = {0, 0};  // high_watermark * capacity, per memory tier (config_ is fixed)

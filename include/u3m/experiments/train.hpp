@@ -12,7 +12,8 @@
 #include <string_view>
 #include <vector>
 
-#include "u3m/experiments/train_policy.hpp"
+#include "u3m/policy/tiering.hpp"
+#include "u3m/policy/u3m.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/runner.hpp"
 #include "u3m/workload/config.hpp"
@@ -20,7 +21,7 @@
 
 namespace u3m::experiments {
 
-// hbm-only, static-offload, lru, u3m, oracle.
+// The names of policy::tiering_policies(), in order.
 const std::vector<std::string>& train_policy_names();
 
 // How the N cards of a ZeRO-3 job are simulated (Note [Card models] in
@@ -42,7 +43,7 @@ struct TrainScenario {
   std::string policy = "u3m";
   std::uint32_t steps = 3;  // simulated; the last one is reported (the first warms up)
   CardModel card_model = CardModel::symmetric;
-  U3mPolicyOptions u3m{};  // the u3m policy's knobs (docs/policy.md); other policies ignore them
+  policy::U3mPolicyOptions u3m{};  // the u3m policy's knobs (docs/policy.md); other policies ignore them
   void validate() const;   // throws InputError naming the field
 };
 
@@ -76,7 +77,7 @@ struct TrainResult {
   std::uint32_t sim_card = 0;  // the card `sim` reports (CardResult::card)
   // The u3m policy's own decisions on that card (recalibrations, demotions,
   // final thresholds and window); empty for the other policies.
-  std::optional<U3mPolicyStats> u3m_policy;
+  std::optional<policy::U3mPolicyStats> u3m_policy;
   CardModel card_model = CardModel::symmetric;
   std::vector<CardResult> cards;  // every simulated card (symmetric: one)
   // The SSD link (h2s + s2h) all cards share (separate), or the one card's

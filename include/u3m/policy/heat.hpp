@@ -54,6 +54,15 @@ class HeatTracker {
   double peak(std::uint32_t t) const {
     return t < state_.size() ? state_[t].count / config_.window_s * state_[t].scale : 0.0;
   }
+  // Note [Heat order key]
+  // heat(t, now) = count * exp(-(now - last) / window) * scale / window, so
+  // log heat = log(count * scale) + last / window - (now / window + log
+  // window): the part in parentheses is the same for every tensor. The key
+  // log(count * scale) + last / window orders tensors as their heat does at
+  // every instant, and changes only when the tensor is accessed: a policy
+  // can publish it to the engine once per access (Note [Published victim
+  // scores] in engine.hpp). -inf for a tensor never accessed (heat 0).
+  double order_key(std::uint32_t t) const;
   std::size_t size() const { return state_.size(); }
   const HeatConfig& config() const { return config_; }
 

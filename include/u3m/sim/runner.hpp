@@ -15,6 +15,7 @@
 #include "u3m/engine/engine.hpp"
 #include "u3m/engine/steps.hpp"
 #include "u3m/mem/pool.hpp"
+#include "u3m/policy/tiering.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/sim_transport.hpp"
 #include "u3m/trace/model.hpp"
@@ -33,37 +34,6 @@ using engine::Touch;
 
 // Seconds of compute for one op.
 using OpTimeFn = std::function<double(const trace::Op&)>;
-
-// What a prefetch policy may see and do before a step runs.
-class PrefetchContext {
- public:
-  virtual ~PrefetchContext() = default;
-  virtual const std::vector<Step>& steps() const = 0;
-  virtual const trace::Trace& trace() const = 0;
-  // The engine's view (residency, stats), for policies that look before they ask.
-  virtual const engine::Engine& engine() const = 0;
-  // Virtual time now (the step's compute has not started yet).
-  virtual std::uint64_t now_ns() const = 0;
-  // The tier step `step` runs in (SimOptions::op_tier): prefetching the
-  // inputs of a host step to the device would be wasted traffic.
-  virtual engine::Tier step_tier(std::size_t step) const = 0;
-  // The id the engine knows tensor `tensor` (an index into Trace::tensors) by.
-  static engine::TensorId engine_id(std::uint32_t tensor) { return engine::TensorId{tensor} + 1; }
-  // Asks the engine to bring the tensor's data to the device at prefetch
-  // priority; no-op for a tensor that holds no data now (never written or freed).
-  virtual void prefetch(std::uint32_t tensor) = 0;
-  // Asks the engine to move the tensor's data out of `from` (to the next
-  // tier down, at write-back priority); no-op for a tensor that holds no data.
-  virtual void demote(std::uint32_t tensor, engine::Tier from) = 0;
-};
-// Called once step `step` holds its tensors (Note [Simulation loop]).
-using PrefetchHook = std::function<void(std::size_t step, PrefetchContext&)>;
-
-// The trace-replay baseline: the trace is its own predictor. At step j,
-// prefetch the tensors of step j + k (and, at step 0, of steps 1..k), for
-// the steps that run on the device.
-PrefetchHook lookahead_prefetch(unsigned k);
-PrefetchHook no_prefetch();
 
 // ---- options and report -----------------------------------------------------
 
@@ -89,19 +59,11 @@ struct SimOptions {
   std::optional<HwProfile> hw;
   double flop_rate = 0, mem_bandwidth = 0, op_overhead_s = 0;
 
-  // Prefetch policy; empty = lookahead_prefetch(lookahead) (0 = none).
-  PrefetchHook prefetch;
-  // Where each op runs: its tensors are acquired in that tier (e.g. a
-  // ZeRO-Offload optimizer step runs on the host). Empty = the device.
-  std::function<engine::Tier(const trace::Op&)> op_tier;
-  // Where a tensor rests when it is created by a step that only creates
-  // tensors (e.g. a training job's init, which loads weights and optimizer
-  // state): each is created in its home tier, one at a time, taking no
-  // compute time, instead of all at once on the device. Empty = such steps
-  // run like any other.
-  std::function<engine::Tier(const trace::Tensor&)> home_tier;
-  // The eviction order (Engine::set_victim_score); empty = LRU.
-  engine::Engine::VictimScore victim_score;
+  // The tiering policy (policy/tiering.hpp): prefetch, demotion, home and
+  // op tiers, the eviction order. Not owned; it must outlive the run, and a
+  // policy's state is one card's: each card needs its own. Null: the
+  // lookahead policy over `lookahead` ops.
+  policy::TieringPolicy* policy = nullptr;
   unsigned lookahead = 4;
   std::uint64_t max_steps = 0;  // 0 = all
 };
@@ -185,8 +147,8 @@ struct TraceTables {
 
 // One card of a multi-card run: its own trace (ranks may differ, e.g. a card
 // holding two ZeRO-3 shards after a failure), its steps (build_steps(trace))
-// and its options, hooks included: a policy's state (predictor, heat) is
-// per card, so each card needs hooks of its own. `trace` and `steps` must
+// and its options, policy included: a policy's state (predictor, heat) is
+// per card, so each card needs a policy of its own. `trace` and `steps` must
 // outlive the simulation.
 struct CardSpec {
   const trace::Trace& trace;

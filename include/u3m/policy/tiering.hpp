@@ -1,0 +1,158 @@
+// The tiering policies (issue 15): what decides, per step, what to prefetch,
+// what to demote, where loaded state rests, where an op runs and in which
+// order the engine evicts. The simulator and real replay drive the very same
+// objects, so a simulated result describes the code that runs for real.
+// Decision code: time comes in from the driver (StepContext::now_ns).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "u3m/engine/engine.hpp"
+#include "u3m/engine/steps.hpp"
+#include "u3m/mem/link.hpp"
+#include "u3m/policy/prefetch.hpp"
+#include "u3m/trace/model.hpp"
+
+namespace u3m::predict {
+class WindowLog;
+}
+
+namespace u3m::policy {
+
+using engine::Step;
+using engine::Touch;
+using mem::Tier;
+
+// What a policy sees and may do at a step; the driver (simulator or real
+// replay) implements it.
+class StepContext {
+ public:
+  virtual ~StepContext() = default;
+  virtual const std::vector<Step>& steps() const = 0;
+  virtual const trace::Trace& trace() const = 0;
+  // The engine's view (residency, stats, config), for policies that look first.
+  virtual const engine::Engine& engine() const = 0;
+  // The driver's clock now (the step's compute has not started yet).
+  virtual std::uint64_t now_ns() const = 0;
+  // The tier step `step` runs in (TieringPolicy::op_tier of its op).
+  virtual Tier step_tier(std::size_t step) const = 0;
+  // The id the engine knows tensor `tensor` (an index into Trace::tensors) by.
+  static engine::TensorId engine_id(std::uint32_t tensor) { return engine::TensorId{tensor} + 1; }
+  static std::uint32_t tensor_of(engine::TensorId id) { return static_cast<std::uint32_t>(id - 1); }
+  // Brings the tensor's data to the device at prefetch priority; no-op for a
+  // tensor that holds no data now (never written, or freed).
+  virtual void prefetch(std::uint32_t tensor) = 0;
+  // Moves the tensor's data out of `from` (to the next tier down, at
+  // write-back priority); no-op for a tensor that holds no data.
+  virtual void demote(std::uint32_t tensor, Tier from) = 0;
+  // Publishes victim scores to the engine (Note [Published victim scores] in
+  // engine.hpp), keyed by trace tensor; no-op for tensors not registered.
+  virtual void publish(std::span<const engine::Engine::ScoreUpdate> scores) = 0;
+};
+
+// The u3m policy's knobs (docs/policy.md has the measured effect of each).
+struct U3mPolicyOptions {
+  // Note [Recalibration in runs] in u3m.cpp. On: with the fixed prefetch
+  // window it leaves the simulated step time and capacity of the design
+  // scenario unchanged; with jit_prefetch it cost capacity (docs/policy.md).
+  bool recalibrate = true;
+  // Seconds of the driver's clock between recalibrations; 0 = a tenth of the
+  // first iteration's duration (the design's 30 s is for hour-long jobs; a
+  // simulated step is 0.2-80 s and a run is 3 steps).
+  double recalibrate_period_s = 0;
+  // true: prefetch just in time for the link (Note [Just-in-time prefetch]
+  // in prefetch.hpp); false: prefetch whatever enters a fixed 16-op window.
+  // Off by default: on the host-link-bound design scenario it is 1-3% slower
+  // (simulated, docs/policy.md), because an idle link is lost time there and
+  // the wider window it needs shields more tensors from eviction.
+  bool jit_prefetch = false;
+  JitConfig jit{};
+};
+
+// What a policy may know when it is made. References: they must outlive the
+// policy.
+struct PolicyInputs {
+  const trace::Trace& trace;
+  const std::vector<Step>& steps;  // engine::build_steps(trace)
+  // u3m and oracle: run the optimizer step on the host (the caller tries
+  // both: Note [Optimizer placement] in experiments/train.cpp).
+  bool host_optimizer = false;
+  // The card's links as the policy plans with them (its backlog view).
+  mem::LinkModel h2d, s2h;
+  bool has_ssd = false;
+  unsigned lookahead = 4;  // the lookahead policy's ops ahead
+  U3mPolicyOptions u3m{};
+  // The u3m policy's predictor, shared by every policy made for this trace
+  // (Note [Shared window log] in predict/window_log.hpp): made with
+  // make_window_log(trace). Null: the policy makes one of its own.
+  std::shared_ptr<predict::WindowLog> window_log = nullptr;
+};
+
+// The window log the u3m policy reads (its predictor, u3m-seq, on `t`).
+std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t);
+
+// Note [Tiering policy]
+// A policy makes five decisions; the driver asks for them and carries them
+// out, and the engine underneath is the same for every policy:
+//  * victim_order / initial_scores / StepContext::publish: the eviction
+//    order, as scores the engine reads (it never calls the policy);
+//  * home_tier: where a tensor rests when a step that only creates tensors
+//    (a job's init: loaded weights, optimizer state) makes it, created there
+//    one at a time; nullopt: such steps run like any other, on the device;
+//  * op_tier: where an op runs, its tensors acquired in that tier (a
+//    ZeRO-Offload optimizer step runs on the host);
+//  * on_step: once a step holds its tensors (pinned, so room made now cannot
+//    be taken from them), what to prefetch and demote.
+class TieringPolicy {
+ public:
+  virtual ~TieringPolicy() = default;
+  virtual std::string_view name() const = 0;
+  virtual engine::Engine::VictimOrder victim_order() const {
+    return engine::Engine::VictimOrder::lru;
+  }
+  // Scores of `tensor` when the driver registers it, before step `step` uses it.
+  virtual engine::Engine::Scores initial_scores(std::uint32_t /*tensor*/,
+                                                std::size_t /*step*/) const {
+    return {};
+  }
+  virtual std::optional<Tier> home_tier(const trace::Tensor&) const { return std::nullopt; }
+  // Whether optimizer steps run on the host (op_tier's default follows it).
+  virtual bool optimizer_on_host() const { return false; }
+  virtual Tier op_tier(const trace::Op& op) const {
+    return optimizer_on_host() && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
+  }
+  virtual void on_step(std::size_t step, StepContext& ctx) = 0;
+};
+
+// Prefetches the tensors of the steps k ahead of `step` that run on the
+// device: each step once, k steps ahead; the first step also covers the k
+// steps no earlier step reached. The trace-replay baseline's prefetch (the
+// trace is its own predictor), used by the policies that look ahead.
+void prefetch_ahead(std::size_t step, unsigned k, StepContext& ctx);
+
+// Master weights, Adam m or v: the state a host optimizer step works on.
+bool optimizer_role(trace::Role r);
+
+// The one list of policies: the CLI (`train sim --policy`, `run replay
+// --policy`), Python and the tests read it.
+struct PolicyInfo {
+  std::string_view name;
+  std::string_view help;  // one line
+  std::function<std::unique_ptr<TieringPolicy>(const PolicyInputs&)> make;
+};
+const std::vector<PolicyInfo>& tiering_policies();
+// "hbm-only | static-offload | ...", for --help.
+std::string tiering_policy_choices();
+// InputError naming `flag` and the choices for an unknown name.
+const PolicyInfo& find_tiering_policy(std::string_view name, std::string_view flag = "--policy");
+std::unique_ptr<TieringPolicy> make_tiering_policy(std::string_view name, const PolicyInputs& in,
+                                                   std::string_view flag = "--policy");
+
+}  // namespace u3m::policy

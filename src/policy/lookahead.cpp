@@ -1,0 +1,36 @@
+// lookahead: the trace-replay baseline. The trace is its own predictor: at
+// each step the tensors of the step `lookahead` ops ahead are prefetched;
+// LRU eviction; every step runs on the device (no home tiers).
+#include "policies.hpp"
+
+namespace u3m::policy {
+
+void prefetch_ahead(std::size_t step, unsigned k, StepContext& ctx) {
+  if (k == 0) return;
+  const auto& steps = ctx.steps();
+  const std::size_t first = step == 0 ? 1 : step + k;
+  for (std::size_t a = first; a <= step + k && a < steps.size(); ++a) {
+    if (ctx.step_tier(a) != Tier::device) continue;
+    for (const Touch& t : steps[a].touches) ctx.prefetch(t.tensor);
+  }
+}
+
+namespace {
+
+class Lookahead final : public TieringPolicy {
+ public:
+  explicit Lookahead(unsigned k) : k_(k) {}
+  std::string_view name() const override { return "lookahead"; }
+  void on_step(std::size_t step, StepContext& ctx) override { prefetch_ahead(step, k_, ctx); }
+
+ private:
+  unsigned k_;
+};
+
+}  // namespace
+
+std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in) {
+  return std::make_unique<Lookahead>(in.lookahead);
+}
+
+}  // namespace u3m::policy

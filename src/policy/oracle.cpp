@@ -1,0 +1,62 @@
+// oracle: as u3m's placement, but victims by Belady (the farthest next use,
+// from the whole trace) and a perfect lookahead of 8 ops: the upper bound.
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "policies.hpp"
+
+namespace u3m::policy {
+namespace {
+
+// Note [Oracle scores]
+// Belady evicts the copy whose next use is farthest. -(index of the next use
+// after the current step) orders copies so at every step, and changes only
+// when the tensor is used: published once per use (Note [Published victim
+// scores] in engine.hpp). Never used again: -inf, evicted first.
+class Oracle final : public TieringPolicy {
+ public:
+  explicit Oracle(const PolicyInputs& in) : host_optimizer_(in.host_optimizer), uses_(in.trace.tensors.size()) {
+    for (std::size_t j = 0; j < in.steps.size(); ++j)
+      for (const Touch& t : in.steps[j].touches) uses_[t.tensor].push_back(j);
+  }
+  std::string_view name() const override { return "oracle"; }
+  engine::Engine::VictimOrder victim_order() const override {
+    return engine::Engine::VictimOrder::scores;
+  }
+  engine::Engine::Scores initial_scores(std::uint32_t tensor, std::size_t step) const override {
+    // Registered for step `step`, or created at home by it: ranked by its
+    // next use after the step before (the current one, while it runs).
+    const double s = score(tensor, step == 0 ? 0 : step - 1);
+    return {s, s};
+  }
+  std::optional<Tier> home_tier(const trace::Tensor& x) const override { return seed_home(x); }
+  bool optimizer_on_host() const override { return host_optimizer_; }
+  void on_step(std::size_t step, StepContext& ctx) override {
+    updates_.clear();
+    for (const Touch& t : ctx.steps()[step].touches) {
+      const double s = score(t.tensor, step);
+      updates_.push_back({StepContext::engine_id(t.tensor), {s, s}});
+    }
+    ctx.publish(updates_);
+    prefetch_ahead(step, 8, ctx);
+  }
+
+ private:
+  double score(std::uint32_t tensor, std::size_t after) const {
+    const auto& u = uses_[tensor];
+    const auto it = std::upper_bound(u.begin(), u.end(), after);
+    return it == u.end() ? -std::numeric_limits<double>::infinity() : -static_cast<double>(*it);
+  }
+  bool host_optimizer_;
+  std::vector<std::vector<std::size_t>> uses_;  // steps using each tensor, ascending
+  std::vector<engine::Engine::ScoreUpdate> updates_;
+};
+
+}  // namespace
+
+std::unique_ptr<TieringPolicy> make_oracle(const PolicyInputs& in) {
+  return std::make_unique<Oracle>(in);
+}
+
+}  // namespace u3m::policy

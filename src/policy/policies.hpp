@@ -1,0 +1,22 @@
+// The factories behind the registry (registry.cpp), one per policy file.
+#pragma once
+
+#include <memory>
+
+#include "u3m/policy/tiering.hpp"
+
+namespace u3m::policy {
+
+std::unique_ptr<TieringPolicy> make_hbm_only(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_static_offload(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_lru(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_u3m(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_oracle(const PolicyInputs& in);
+
+// Where the tiered policies create loaded state: the design's seed rules
+// (PlacementRules::named("u3m")), DRAM for what they send to the SSD (the
+// engine spills it there under pressure).
+Tier seed_home(const trace::Tensor& x);
+
+}  // namespace u3m::policy

@@ -1,0 +1,60 @@
+// The one list of tiering policies (Note [Tiering policy] in tiering.hpp).
+#include <fmt/format.h>
+
+#include "policies.hpp"
+#include "u3m/policy/placement.hpp"
+#include "u3m/util/error.hpp"
+
+namespace u3m::policy {
+
+bool optimizer_role(trace::Role r) {
+  return r == trace::Role::optim_master || r == trace::Role::optim_m ||
+         r == trace::Role::optim_v;
+}
+
+Tier seed_home(const trace::Tensor& x) {
+  static const PlacementRules rules = PlacementRules::named("u3m");
+  const Tier h = rules.home(x.role, x.layer, trace::kNoLayer);
+  return h == Tier::ssd ? Tier::host : h;  // created in DRAM; pressure spills it to SSD
+}
+
+const std::vector<PolicyInfo>& tiering_policies() {
+  static const std::vector<PolicyInfo> all = {
+      {"hbm-only", "everything on the device, nothing evicted, no prefetch: fits or not",
+       make_hbm_only},
+      {"static-offload",
+       "ZeRO-Offload: optimizer step and state on the host, the rest pinned on the device, "
+       "2 ops of lookahead",
+       make_static_offload},
+      {"lru", "seed placement, least recently used evicted first, demand fetches only", make_lru},
+      {"lookahead",
+       "the trace-replay baseline: LRU, the tensors of the op --lookahead ahead prefetched",
+       make_lookahead},
+      {"u3m",
+       "seed placement, victims by heat, prefetch of the predictor's window, recalibrated "
+       "thresholds, optimizer where it is faster",
+       make_u3m},
+      {"oracle", "Belady victims and a perfect 8-op lookahead from the whole trace: the bound",
+       make_oracle},
+  };
+  return all;
+}
+
+std::string tiering_policy_choices() {
+  std::string out;
+  for (const PolicyInfo& p : tiering_policies()) out += fmt::format("{}{}", out.empty() ? "" : " | ", p.name);
+  return out;
+}
+
+const PolicyInfo& find_tiering_policy(std::string_view name, std::string_view flag) {
+  for (const PolicyInfo& p : tiering_policies())
+    if (p.name == name) return p;
+  input_error(flag, "unknown policy '{}' (expected {})", name, tiering_policy_choices());
+}
+
+std::unique_ptr<TieringPolicy> make_tiering_policy(std::string_view name, const PolicyInputs& in,
+                                                   std::string_view flag) {
+  return find_tiering_policy(name, flag).make(in);
+}
+
+}  // namespace u3m::policy
