@@ -11,7 +11,7 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
-#include "u3m/engine/replay.hpp"
+#include "u3m/drive/replay.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
 
@@ -22,7 +22,7 @@ struct ReplayArgs {
   std::string trace;
   std::string device_budget, host_budget, ssd_size, ssd_faults;
   double device_fraction = 0.5;
-  engine::ReplayOptions opt;
+  drive::ReplayOptions opt;
   bool json = false;
   const CLI::App* cmd = nullptr;  // given flags: an empty size is an error, not the default
 };
@@ -57,7 +57,7 @@ std::string tier_line(const char* name, const mem::TierReport& r) {
 
 // What the SSD tier's checks saw (issue 14's fault classes): injected by
 // kind, and detected by the store and the engine.
-nlohmann::json faults_json(const engine::ReplayReport& r) {
+nlohmann::json faults_json(const drive::ReplayReport& r) {
   nlohmann::json injected = nlohmann::json::object();
   for (std::size_t k = 0; k < mem::kIoFaultKinds; ++k)
     injected[std::string(mem::fault_name(static_cast<mem::IoFault>(k)))] = r.faults_injected[k];
@@ -85,7 +85,7 @@ int run_replay(ReplayArgs& a) {
   if (!(a.device_fraction > 0 && a.device_fraction <= 1))
     input_error("--device-fraction", "must be in (0, 1], got {}", a.device_fraction);
   constexpr std::uint64_t kMax = 1ull << 40;
-  engine::ReplayOptions& o = a.opt;
+  drive::ReplayOptions& o = a.opt;
   o.device_fraction = a.device_fraction;
   auto given = [&](const char* flag) { return a.cmd && a.cmd->count(flag) > 0; };
   if (given("--device-budget"))
@@ -98,12 +98,13 @@ int run_replay(ReplayArgs& a) {
     if (o.ssd_dir.empty()) input_error("--ssd-faults", "needs an SSD tier (--ssd-dir)");
   }
 
+  policy::find_tiering_policy(o.policy, "--policy");  // before the trace is read
   trace::Trace t = trace::load_trace(a.trace);
   const bool tty = isatty(STDERR_FILENO) && !a.json;
   auto progress = [&](std::uint64_t done, std::uint64_t total) {
     if (tty) fmt::print(stderr, "\r  replaying: {}/{} events", done, total);
   };
-  engine::ReplayReport r = engine::replay_trace(t, o, progress);
+  drive::ReplayReport r = drive::replay_trace(t, o, progress);
   if (tty) fmt::print(stderr, "\r\033[K");
   if (!r.ssd_notice.empty()) fmt::print(stderr, "u3m: note: {}\n", r.ssd_notice);
   if (r.out_of_memory)
@@ -134,6 +135,7 @@ int run_replay(ReplayArgs& a) {
                         {"device_budget_bytes", r.device_budget},
                         {"host_budget_bytes", r.host_budget},
                         {"ssd_capacity_bytes", r.ssd_capacity},
+                        {"policy", r.policy},
                         {"lookahead_ops", o.lookahead},
                         {"bytes_written", r.bytes_written},
                         {"bytes_verified", r.bytes_verified},
@@ -163,8 +165,8 @@ int run_replay(ReplayArgs& a) {
                           {"segments", r.pool.segments}}}};
     fmt::print("{}\n", j.dump(2));
   } else {
-    fmt::print("replay of {}: {} events, {} ops, {} tensors ({})\n", a.trace, r.events, r.ops,
-               r.tensors, where);
+    fmt::print("replay of {}: {} events, {} ops, {} tensors, policy {} ({})\n", a.trace, r.events,
+               r.ops, r.tensors, r.policy, where);
     fmt::print(
         "  footprint {} (most bytes live at once); device budget {} ({:.0f}%), host {}, SSD {}\n",
         approx_bytes(r.footprint), approx_bytes(r.device_budget),
@@ -240,9 +242,15 @@ void add_run_commands(CLI::App& app) {
                  "Inject SSD faults, e.g. lost_write=0.01,bit_flip_on_read=0.02,seed=3 (kinds: "
                  "eio_on_write, enospc_on_write, short_write, bit_flip_on_read, eio_on_read, "
                  "lost_write, misdirected_write, torn_write); needs --ssd-dir");
-  rp->add_option("--lookahead", a->opt.lookahead,
-                 "Ops ahead whose tensors are prefetched (0 = none)")
+  rp->add_option("--policy", a->opt.policy,
+                 "Tiering policy, the same objects 'u3m train sim' simulates: " +
+                     policy::tiering_policy_choices())
       ->capture_default_str();
+  rp->add_option("--lookahead", a->opt.lookahead,
+                 "lookahead policy: ops ahead whose tensors are prefetched (0 = none)")
+      ->capture_default_str();
+  rp->add_flag("--host-optimizer", a->opt.host_optimizer,
+               "u3m and oracle policies: run optimizer steps on the host tier");
   rp->add_option("--h2d-gbps", a->opt.h2d_gbps, "Throttle host-to-device copies (GB/s, 0 = none)");
   rp->add_option("--d2h-gbps", a->opt.d2h_gbps, "Throttle device-to-host copies (GB/s, 0 = none)");
   rp->add_option("--max-events", a->opt.max_events, "Replay only the first N events (0 = all)");

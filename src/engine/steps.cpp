@@ -73,4 +73,23 @@ std::vector<Step> build_steps(const trace::Trace& trace, std::uint64_t max_event
   return steps;
 }
 
+std::uint64_t trace_footprint(const trace::Trace& trace) {
+  std::vector<std::uint8_t> live(trace.tensors.size(), 0);
+  std::uint64_t now = 0, peak = 0;
+  // Most events touch a live tensor and change nothing: the tensor's size
+  // (a cache line of its own) is read only when it comes or goes.
+  for (const trace::Event& ev : trace.events) {
+    std::uint8_t& l = live[ev.tensor];
+    if (ev.kind == trace::EventKind::free) {
+      if (l) now -= trace.tensors[ev.tensor].bytes;
+      l = 0;
+    } else if (!l) {
+      l = 1;
+      now += trace.tensors[ev.tensor].bytes;
+      peak = std::max(peak, now);
+    }
+  }
+  return peak;
+}
+
 }  // namespace u3m::engine

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "u3m/engine/replay.hpp"
+#include "u3m/engine/steps.hpp"
 #include "u3m/policy/tiering.hpp"
 #include "u3m/policy/u3m.hpp"
 #include "u3m/sim/cost.hpp"

@@ -35,7 +35,7 @@ void CheckConfig::validate() const {
 // per step: a device five times faster than one core of this machine. The
 // links run at 0.25-0.5 GB/s so that a transfer (220-450 us) is long against
 // the real stack's fixed cost per transfer (about 30 us, measured by
-// engine::transfer_overhead_s), as a 1 MB transfer over PCIe (40 us at 25
+// drive::transfer_overhead_s), as a 1 MB transfer over PCIe (40 us at 25
 // GB/s) is against a device's few microseconds; and so that moving data is a
 // visible share of the step (stalls of 5-30%), which makes the simulator's
 // link and overlap model, not the compute times both sides share, decide the
@@ -102,15 +102,15 @@ CheckResult run_check(const CheckConfig& c, const CheckSetup& setup) {
   r.compute_step_s = compute / static_cast<double>(c.steps - 1);
 
   // Real: the runtime over device-emu, real bytes, every read checked.
-  engine::ReplayOptions ro;
+  drive::ReplayOptions ro;
   ro.device_fraction = c.device_fraction;
   ro.lookahead = c.lookahead;
   ro.h2d_gbps = ro.d2h_gbps = c.link_gbps;
   ro.op_time = op_time;
   ro.check_stride = setup.check_stride;
   r.link_latency_s =
-      setup.link_latency_s >= 0 ? setup.link_latency_s : engine::transfer_overhead_s(ro);
-  const engine::ReplayReport real = engine::replay_trace(t, ro);
+      setup.link_latency_s >= 0 ? setup.link_latency_s : drive::transfer_overhead_s(ro);
+  const drive::ReplayReport real = drive::replay_trace(t, ro);
   r.footprint = real.footprint;
   r.device_budget = real.device_budget;
   r.data_ok = real.ok();

@@ -18,6 +18,17 @@ Tier seed_home(const trace::Tensor& x) {
   return h == Tier::ssd ? Tier::host : h;  // created in DRAM; pressure spills it to SSD
 }
 
+std::string_view to_string(DriverCall::Kind k) {
+  switch (k) {
+    case DriverCall::Kind::acquire: return "acquire";
+    case DriverCall::Kind::prefetch: return "prefetch";
+    case DriverCall::Kind::demote: return "demote";
+    case DriverCall::Kind::publish: return "publish";
+    case DriverCall::Kind::free: return "free";
+  }
+  return "?";
+}
+
 const std::vector<PolicyInfo>& tiering_policies() {
   static const std::vector<PolicyInfo> all = {
       {"hbm-only", "everything on the device, nothing evicted, no prefetch: fits or not",

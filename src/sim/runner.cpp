@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "u3m/engine/replay.hpp"
+#include "u3m/engine/steps.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/sim/sim_host.hpp"
 #include "u3m/sim/virtual_time.hpp"
@@ -151,12 +151,18 @@ class Simulation final : public policy::StepContext {
     return policy_.op_tier(trace_.ops[steps_[step].op]);
   }
   void prefetch(std::uint32_t t) override {
-    if (registered_[t] && has_data_[t] && !removing_[t]) eng_.prefetch(id(t), Tier::device);
+    if (!(registered_[t] && has_data_[t] && !removing_[t])) return;
+    record(policy::DriverCall::Kind::prefetch, t);
+    eng_.prefetch(id(t), Tier::device);
   }
   void demote(std::uint32_t t, Tier from) override {
-    if (registered_[t] && has_data_[t] && !removing_[t]) eng_.evict(id(t), from);
+    if (!(registered_[t] && has_data_[t] && !removing_[t])) return;
+    record(policy::DriverCall::Kind::demote, t, from);
+    eng_.evict(id(t), from);
   }
   void publish(std::span<const engine::Engine::ScoreUpdate> scores) override {
+    if (o_.log)
+      for (const auto& u : scores) record(policy::DriverCall::Kind::publish, tensor_of(u.id));
     eng_.publish_scores(scores);
   }
 
@@ -219,6 +225,7 @@ class Simulation final : public policy::StepContext {
     release_leases(true);
     for (std::uint32_t t : s.frees) {
       if (registered_[t] && !removing_[t]) {
+        record(policy::DriverCall::Kind::free, t);
         removing_[t] = 1;
         removals_.push_back(t);
       }
@@ -266,6 +273,11 @@ class Simulation final : public policy::StepContext {
   enum class Phase { next, materializing, acquiring, barrier, computing, done };
   static engine::TensorId id(std::uint32_t t) { return engine_id(t); }
 
+  void record(policy::DriverCall::Kind k, std::uint32_t t, Tier tier = Tier::device,
+              bool write = false) {
+    if (o_.log) o_.log->push_back({k, static_cast<std::uint32_t>(j_), t, tier, write});
+  }
+
   bool creates_only(std::size_t j) const {
     const Step& s = steps_[j];
     if (s.touches.empty()) return false;
@@ -293,7 +305,10 @@ class Simulation final : public policy::StepContext {
     missed_.assign(s.touches.size(), 0);
     held_ = 0;
     since_grant_ = 0;
-    for (const Touch& t : s.touches) ensure(t.tensor);
+    for (const Touch& t : s.touches) {
+      ensure(t.tensor);
+      record(policy::DriverCall::Kind::acquire, t.tensor, tier_, t.writes || !has_data_[t.tensor]);
+    }
     t0_ = vt_.now_ns();
     phase_ = Phase::acquiring;
     if (tier_ == Tier::device) {
@@ -308,7 +323,11 @@ class Simulation final : public policy::StepContext {
     const Step& s = steps_[j_];
     for (; mat_i_ < s.touches.size(); ++mat_i_, mat_ensured_ = false) {
       const Touch& t = s.touches[mat_i_];
-      if (!mat_ensured_) ensure(t.tensor);
+      if (!mat_ensured_) {
+        ensure(t.tensor);
+        record(policy::DriverCall::Kind::acquire, t.tensor,
+               *policy_.home_tier(trace_.tensors[t.tensor]), true);
+      }
       mat_ensured_ = true;
       Lease l;
       for (;;) {
@@ -504,7 +523,7 @@ class Simulation final : public policy::StepContext {
   std::uint64_t seen_ = 0;
 };
 
-// One card's objects: the same pool setup as engine::replay_trace, over fake
+// One card's objects: the same pool setup as drive::replay_trace, over fake
 // addresses. Members in construction order (each refers to those above).
 struct Card {
   Card(const CardSpec& spec, const TraceTables& tables, VirtualTime& vt, SharedLinks* ssd)

@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/rig.hpp"
-#include "u3m/engine/replay.hpp"
+#include "u3m/drive/replay.hpp"
 #include "u3m/engine/steps.hpp"
 
 namespace u3m::engine {
@@ -28,6 +28,9 @@ using mem::MiB;
 using testing::ManualRig;
 using testing::Rig;
 using testing::RigOptions;
+using drive::ReplayOptions;
+using drive::ReplayReport;
+using drive::replay_trace;
 
 EngineConfig small(std::uint64_t device, std::uint64_t host) {
   EngineConfig c;

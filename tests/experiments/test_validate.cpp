@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "cli_testing.hpp"
-#include "u3m/engine/replay.hpp"
+#include "u3m/drive/replay.hpp"
 #include "u3m/experiments/validate.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/util/error.hpp"
@@ -77,10 +77,10 @@ TEST(Validate, BothSidesRunAndReportConsistentFigures) {
 
 TEST(Validate, ReplaySleepsEachOpsComputeTime) {
   const trace::Trace t = tiny_trace();
-  engine::ReplayOptions o;
+  drive::ReplayOptions o;
   o.device_fraction = 0.5;
   o.op_time = [](const trace::Op&) { return 200e-6; };
-  const engine::ReplayReport r = engine::replay_trace(t, o);
+  const drive::ReplayReport r = drive::replay_trace(t, o);
   EXPECT_TRUE(r.ok()) << r.first_error;
   EXPECT_GT(r.bytes_verified, 0u);
   EXPECT_NEAR(r.compute_s, 200e-6 * double(r.ops), 1e-9);
@@ -97,10 +97,10 @@ TEST(Validate, ReplaySleepsEachOpsComputeTime) {
 TEST(Validate, ZeroComputeReplayStillVerifiesEveryByte) {
   const trace::Trace t = tiny_trace();
   for (const bool with_callback : {false, true}) {
-    engine::ReplayOptions o;
+    drive::ReplayOptions o;
     o.device_fraction = 0.4;
     if (with_callback) o.op_time = [](const trace::Op&) { return 0.0; };
-    const engine::ReplayReport r = engine::replay_trace(t, o);
+    const drive::ReplayReport r = drive::replay_trace(t, o);
     EXPECT_TRUE(r.ok()) << r.first_error;
     EXPECT_EQ(r.mismatches, 0u);
     EXPECT_GT(r.bytes_verified, 0u);
@@ -112,21 +112,21 @@ TEST(Validate, ZeroComputeReplayStillVerifiesEveryByte) {
 
 TEST(Validate, SampledChecksStillVerify) {
   const trace::Trace t = tiny_trace();
-  engine::ReplayOptions o;
+  drive::ReplayOptions o;
   o.device_fraction = 0.4;
   o.check_stride = 520;  // not a power of two: the last word and the tail are checked apart
-  const engine::ReplayReport r = engine::replay_trace(t, o);
+  const drive::ReplayReport r = drive::replay_trace(t, o);
   EXPECT_TRUE(r.ok()) << r.first_error;
   EXPECT_GT(r.bytes_verified, 0u);
   o.check_stride = 12;
-  EXPECT_THROW(engine::replay_trace(t, o), InputError);
+  EXPECT_THROW(drive::replay_trace(t, o), InputError);
 }
 
 TEST(Validate, BadComputeTimeIsAnError) {
   const trace::Trace t = tiny_trace();
-  engine::ReplayOptions o;
+  drive::ReplayOptions o;
   o.op_time = [](const trace::Op&) { return -1.0; };
-  EXPECT_THROW(engine::replay_trace(t, o), InputError);
+  EXPECT_THROW(drive::replay_trace(t, o), InputError);
 }
 
 TEST(Validate, LinksAreTheThrottleCappedByTheProfile) {

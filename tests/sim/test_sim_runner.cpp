@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "u3m/engine/replay.hpp"
+#include "u3m/engine/steps.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/sim/runner.hpp"
 #include "u3m/sim/sim_transport.hpp"

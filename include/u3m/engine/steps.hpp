@@ -29,4 +29,8 @@ struct Step {
 // does not exist.
 std::vector<Step> build_steps(const trace::Trace& trace, std::uint64_t max_events = 0);
 
+// The most bytes live at once over the trace (alloc/free events; tensors
+// never allocated count from their first use to the end).
+std::uint64_t trace_footprint(const trace::Trace& trace);
+
 }  // namespace u3m::engine

@@ -1,6 +1,6 @@
 // The sim-versus-real check of issue 5 (docs/training.md, "Sim versus
 // real"): one small training workload run twice,
-//   - for real on this machine: engine::replay_trace, the runtime over
+//   - for real on this machine: drive::replay_trace, the runtime over
 //     device-emu with a device budget below the footprint, host<->device
 //     copies throttled to a link rate, each op sleeping for its compute time;
 //   - in the simulator: sim::simulate_trace, the same engine on virtual time,
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "u3m/engine/replay.hpp"
+#include "u3m/drive/replay.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/sim/runner.hpp"
 #include "u3m/sim/sim_transport.hpp"
@@ -43,11 +43,11 @@ struct CheckSetup {
   // compute long or short against the link, not a fit to the results.
   double compute_scale = 0.2;
   // The simulated links' latency; < 0 = measure it per configuration with
-  // engine::transfer_overhead_s at that configuration's throttle (the fixed
+  // drive::transfer_overhead_s at that configuration's throttle (the fixed
   // cost of one transfer on the real stack, Note [Check links]).
   double link_latency_s = -1;
   // The real run writes and checks one 8-byte word per this many bytes
-  // (engine::ReplayOptions::check_stride): a device would not spend host CPU
+  // (drive::ReplayOptions::check_stride): a device would not spend host CPU
   // on checks, so they should fit inside the ops' compute (Note [Compute
   // in replay] in src/engine/replay.cpp). 8 = every byte.
   std::uint64_t check_stride = 512;

@@ -57,6 +57,27 @@ class StepContext {
   virtual void publish(std::span<const engine::Engine::ScoreUpdate> scores) = 0;
 };
 
+// Note [Driver calls]
+// What a driver asks of the engine, step by step: the first ask for each
+// tensor a step touches (in its tier, for writing or reading), the policy's
+// prefetches and demotions that reach the engine, the scores it publishes
+// and the tensors the step frees. Not the retries of an ask or of a removal,
+// nor the engine's own moves: those follow the clock, which the simulator
+// and a real run do not share. Both drivers append to a DriverLog when given
+// one, so a test can check that they run a trace and a policy alike
+// (tests/drive/test_differential.cpp).
+struct DriverCall {
+  enum class Kind : std::uint8_t { acquire, prefetch, demote, publish, free };
+  Kind kind = Kind::acquire;
+  std::uint32_t step = 0;
+  std::uint32_t tensor = 0;
+  Tier tier = Tier::device;  // acquire: the tier asked for; demote: the tier left
+  bool write = false;        // acquire: a write lease
+  bool operator==(const DriverCall&) const = default;
+};
+using DriverLog = std::vector<DriverCall>;
+std::string_view to_string(DriverCall::Kind k);
+
 // The u3m policy's knobs (docs/policy.md has the measured effect of each).
 struct U3mPolicyOptions {
   // Note [Recalibration in runs] in u3m.cpp. On: with the fixed prefetch

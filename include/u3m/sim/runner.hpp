@@ -64,6 +64,9 @@ struct SimOptions {
   // policy's state is one card's: each card needs its own. Null: the
   // lookahead policy over `lookahead` ops.
   policy::TieringPolicy* policy = nullptr;
+  // Appends what the run asks of the engine (Note [Driver calls] in
+  // policy/tiering.hpp); null = nothing recorded.
+  policy::DriverLog* log = nullptr;
   unsigned lookahead = 4;
   std::uint64_t max_steps = 0;  // 0 = all
 };

@@ -1,4 +1,4 @@
-#include "u3m/engine/replay.hpp"
+#include "u3m/drive/replay.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -16,9 +16,27 @@
 #include "u3m/engine/real_stack.hpp"
 #include "u3m/engine/steps.hpp"
 #include "u3m/mem/device_emu.hpp"
+#include "u3m/policy/tiering.hpp"
 #include "u3m/util/error.hpp"
 
-namespace u3m::engine {
+namespace u3m::drive {
+
+using engine::Access;
+using engine::BackendTransport;
+using engine::build_steps;
+using engine::Engine;
+using engine::Lease;
+using engine::Link;
+using engine::RealStack;
+using engine::RealStackOptions;
+using engine::Status;
+using engine::Step;
+using engine::TensorId;
+using engine::Tier;
+using engine::Touch;
+using engine::trace_footprint;
+using engine::Transfer;
+
 namespace {
 
 std::uint64_t mix(std::uint64_t x) {
@@ -172,37 +190,73 @@ double transfer_overhead_s(const ReplayOptions& o, std::uint64_t bytes, int reps
   return std::max(0.0, rt[rt.size() / 2]);
 }
 
-std::uint64_t trace_footprint(const trace::Trace& trace) {
-  std::vector<std::uint8_t> live(trace.tensors.size(), 0);
-  std::uint64_t now = 0, peak = 0;
-  // Most events touch a live tensor and change nothing: the tensor's size
-  // (a cache line of its own) is read only when it comes or goes.
-  for (const trace::Event& ev : trace.events) {
-    std::uint8_t& l = live[ev.tensor];
-    if (ev.kind == trace::EventKind::free) {
-      if (l) now -= trace.tensors[ev.tensor].bytes;
-      l = 0;
-    } else if (!l) {
-      l = 1;
-      now += trace.tensors[ev.tensor].bytes;
-      peak = std::max(peak, now);
-    }
-  }
-  return peak;
-}
-
 // Note [Replay under a budget]
-// Each op's events are one unit: the op acquires every tensor it touches on
-// the device (a write lease if it writes the tensor, else a read lease),
-// checks what it reads, writes new versions, and releases everything when the
-// op ends, so an op's inputs and outputs are co-resident as on a real device.
-// While op j holds its tensors, those of op j + lookahead are prefetched (at
-// op 0, those of ops 1..lookahead): the trace is its own predictor (the
-// trace-replay baseline), enough to show overlap; the policy layer's
-// predictors plug in the same way. Tensors are acquired in the order the op
-// first touches them. Both choices match sim::simulate_trace (Note
-// [Simulation loop]), so the simulator and this replay make the same engine
-// calls in the same order; only time differs.
+// Each op's events are one unit: the op acquires every tensor it touches in
+// the tier its policy runs it in (policy::TieringPolicy::op_tier; a write
+// lease if it writes the tensor, else a read lease), checks what it reads,
+// writes new versions, and releases everything when the op ends, so an op's
+// inputs and outputs are co-resident as on a real device. While op j holds
+// its tensors, the policy's on_step runs (prefetch, demotion, scores); a step
+// that only creates tensors, under a policy with home tiers, creates each in
+// its home tier, one at a time. Tensors are acquired in the order the op
+// first touches them. Every choice matches sim::simulate_trace (Note
+// [Simulation loop]), and the policy objects are the simulator's, so the two
+// make the same decisions; only time differs.
+//
+// The policy's view of the replay (policy::StepContext) on the replay's own
+// clock: nanoseconds of steady_clock since the replay began.
+class ReplayContext final : public policy::StepContext {
+ public:
+  using Clock = std::chrono::steady_clock;
+  ReplayContext(const trace::Trace& t, const std::vector<Step>& steps, Engine& e,
+                const policy::TieringPolicy& p, const std::vector<std::uint8_t>& registered,
+                const std::vector<std::uint64_t>& version, Clock::time_point t0,
+                policy::DriverLog* log)
+      : trace_(t), steps_(steps), eng_(e), policy_(p), registered_(registered), version_(version),
+        t0_(t0), log_(log) {}
+  void at_step(std::size_t step) { step_ = static_cast<std::uint32_t>(step); }
+  void record(policy::DriverCall::Kind k, std::uint32_t t, Tier tier = Tier::device,
+              bool write = false) {
+    if (log_) log_->push_back({k, step_, t, tier, write});
+  }
+  const std::vector<Step>& steps() const override { return steps_; }
+  const trace::Trace& trace() const override { return trace_; }
+  const Engine& engine() const override { return eng_; }
+  std::uint64_t now_ns() const override {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count());
+  }
+  Tier step_tier(std::size_t step) const override {
+    return policy_.op_tier(trace_.ops[steps_[step].op]);
+  }
+  void prefetch(std::uint32_t t) override {
+    if (!(registered_[t] && version_[t])) return;
+    record(policy::DriverCall::Kind::prefetch, t);
+    eng_.prefetch(engine_id(t), Tier::device);
+  }
+  void demote(std::uint32_t t, Tier from) override {
+    if (!(registered_[t] && version_[t])) return;
+    record(policy::DriverCall::Kind::demote, t, from);
+    eng_.evict(engine_id(t), from);
+  }
+  void publish(std::span<const Engine::ScoreUpdate> scores) override {
+    if (log_)
+      for (const auto& u : scores) record(policy::DriverCall::Kind::publish, tensor_of(u.id));
+    eng_.publish_scores(scores);
+  }
+
+ private:
+  const trace::Trace& trace_;
+  const std::vector<Step>& steps_;
+  Engine& eng_;
+  const policy::TieringPolicy& policy_;
+  const std::vector<std::uint8_t>& registered_;
+  const std::vector<std::uint64_t>& version_;
+  Clock::time_point t0_;
+  policy::DriverLog* log_;
+  std::uint32_t step_ = 0;
+};
+
 ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
                           const ReplayProgress& progress) {
   ReplayReport rep;
@@ -240,17 +294,38 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   so.ssd_faults = o.ssd_faults;
   RealStack stack(so);
   Engine& engine = stack.engine();
+  rep.policy = o.policy;
+  const std::unique_ptr<policy::TieringPolicy> pol = policy::make_tiering_policy(
+      o.policy,
+      {.trace = trace,
+       .steps = steps,
+       .host_optimizer = o.host_optimizer,
+       .h2d = {o.h2d_gbps * 1e9, 0.0},
+       .s2h = {},
+       .has_ssd = !o.ssd_dir.empty(),
+       .lookahead = o.lookahead,
+       .u3m = o.u3m},
+      "policy");
+  engine.set_victim_order(pol->victim_order());
 
   std::vector<std::uint64_t> version(trace.tensors.size(), 0);  // 0 = never written
   std::vector<std::uint8_t> registered(trace.tensors.size(), 0);
   auto id_of = [&](std::uint32_t t) { return static_cast<TensorId>(t) + 1; };
-  auto ensure = [&](std::uint32_t t) {
+  auto ensure = [&](std::uint32_t t, std::size_t op) {
     if (!registered[t]) {
       // add() fails only for a freed tensor not yet removed; the entry is
       // reused, and its first lease below writes fresh contents.
-      engine.add(id_of(t), trace.tensors[t].bytes);
+      engine.add(id_of(t), trace.tensors[t].bytes, pol->initial_scores(t, op));
       registered[t] = 1;
     }
+  };
+  // A step that only creates tensors, each with a home (the simulator's rule).
+  auto creates_only = [&](const Step& st) {
+    if (st.touches.empty()) return false;
+    for (const Touch& x : st.touches)
+      if (!x.writes || version[x.tensor] != 0 || !pol->home_tier(trace.tensors[x.tensor]))
+        return false;
+    return true;
   };
   auto fail = [&](std::string what) {
     if (rep.first_error.empty()) rep.first_error = std::move(what);
@@ -260,6 +335,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const auto t0 = Clock::now();
+  ReplayContext ctx(trace, steps, engine, *pol, registered, version, t0, o.log);
   struct Held {
     Lease lease;
     std::uint32_t tensor;
@@ -280,7 +356,32 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   };
   for (std::size_t op = 0; op < steps.size(); ++op) {
     const Step& step = steps[op];
-    for (const Touch& t : step.touches) ensure(t.tensor);
+    ctx.at_step(op);
+    if (creates_only(step)) {
+      // Created where they rest, one at a time, taking no compute time.
+      for (const Touch& x : step.touches) {
+        ensure(x.tensor, op);
+        const Tier home = *pol->home_tier(trace.tensors[x.tensor]);
+        ctx.record(policy::DriverCall::Kind::acquire, x.tensor, home, true);
+        Lease l;
+        const Status s = engine.acquire(id_of(x.tensor), home, Access::write, &l);
+        if (!mem::ok(s)) {
+          rep.out_of_memory = s == Status::out_of_memory || s == Status::busy;
+          fail(fmt::format("op {} ('{}'): cannot create '{}' in its home tier: {}", op,
+                           trace.ops[step.op].name, trace.tensors[x.tensor].name,
+                           Engine::last_failure()));
+          break;
+        }
+        fill(l.ptr, l.bytes, x.tensor, ++version[x.tensor], o.check_stride);
+        rep.bytes_written += l.bytes;
+        engine.release(l);
+      }
+      if (rep.errors) break;
+      rep.events = step.end_event;
+      continue;
+    }
+    const Tier tier = pol->op_tier(trace.ops[step.op]);
+    for (const Touch& t : step.touches) ensure(t.tensor, op);
     leases.clear();
     const auto op_begin = Clock::now();
     // Two passes (Note [All demand fetches at once]): ask for every tensor
@@ -291,9 +392,10 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       // A tensor read before anything wrote it (a parameter, an input) gets
       // its first contents here.
       const bool fresh = touch.writes || version[t] == 0;
+      ctx.record(policy::DriverCall::Kind::acquire, t, tier, fresh);
       Lease l;
       const Status s =
-          engine.try_acquire(id_of(t), Tier::device, fresh ? Access::write : Access::read, &l);
+          engine.try_acquire(id_of(t), tier, fresh ? Access::write : Access::read, &l);
       if (mem::ok(s))
         leases.push_back(Held{l, t, fresh});
       else if (s == Status::busy)
@@ -302,7 +404,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
         fail(fmt::format("op {} tensor '{}': {}", op, trace.tensors[t].name, mem::to_string(s)));
     }
     for (Held& h : waiting) {
-      const Status s = engine.acquire(id_of(h.tensor), Tier::device,
+      const Status s = engine.acquire(id_of(h.tensor), tier,
                                       h.fresh ? Access::write : Access::read, &h.lease);
       if (mem::ok(s)) {
         leases.push_back(h);
@@ -335,6 +437,10 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     rep.compute_s += dt;
     const auto deadline =
         acquired + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(dt));
+    // The policy decides once this op holds its leases, as in the simulator
+    // (before the op's writes count as data): room made now cannot be taken
+    // from this op's own inputs (they are pinned), only from colder data.
+    pol->on_step(op, ctx);
     for (const Held& h : leases) {
       const std::uint32_t t = h.tensor;
       if (version[t] != 0) {  // holds data: check it, even when about to overwrite it
@@ -346,19 +452,6 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       if (h.fresh) {
         fill(h.lease.ptr, h.lease.bytes, t, ++version[t], o.check_stride);
         rep.bytes_written += h.lease.bytes;
-      }
-    }
-    // Prefetch while this op holds its leases: room made now cannot be taken
-    // from this op's own inputs (they are pinned), only from colder data.
-    // Each op is prefetched once, `lookahead` ops ahead; the first op also
-    // covers the ops no earlier op reached (as policy::prefetch_ahead does).
-    if (o.lookahead) {
-      const std::size_t first = op == 0 ? 1 : op + o.lookahead;
-      for (std::size_t a = first; a <= op + o.lookahead && a < steps.size(); ++a) {
-        for (const Touch& touch : steps[a].touches) {
-          const std::uint32_t t = touch.tensor;
-          if (registered[t] && version[t]) engine.prefetch(id_of(t), Tier::device);
-        }
       }
     }
     if (o.op_time) {
@@ -379,6 +472,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
     for (const Held& h : leases) engine.release(h.lease);
     for (std::uint32_t t : step.frees) {
       if (!registered[t]) continue;
+      ctx.record(policy::DriverCall::Kind::free, t);
       registered[t] = 0;
       version[t] = 0;
       deferred.push_back(t);
@@ -404,4 +498,4 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   return rep;
 }
 
-}  // namespace u3m::engine
+}  // namespace u3m::drive

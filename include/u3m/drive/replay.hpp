@@ -1,7 +1,8 @@
 // Replays a trace through the real runtime with a device budget smaller than
 // the trace's footprint, with real bytes: every write fills the tensor with a
-// pattern unique to (tensor, version), every read checks it. The trace itself
-// serves as the predictor (trace-replay prefetch over a lookahead of ops).
+// pattern unique to (tensor, version), every read checks it. A tiering policy
+// (policy/tiering.hpp) decides, as in the simulator: by default the lookahead
+// policy (the trace is its own predictor over a lookahead of ops).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,12 @@
 #include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/mem/ssd_store.hpp"
+#include "u3m/policy/tiering.hpp"
 #include "u3m/trace/model.hpp"
 
-namespace u3m::engine {
+namespace u3m::drive {
+
+using engine::EngineStats;
 
 struct ReplayOptions {
   // Device budget in bytes; 0 = `device_fraction` of the footprint.
@@ -27,7 +31,16 @@ struct ReplayOptions {
   // (0 = twice the footprint).
   std::string ssd_dir;
   std::uint64_t ssd_capacity = 0;
-  unsigned lookahead = 4;             // ops ahead whose tensors are prefetched; 0 = none
+  // The tiering policy, one of policy::tiering_policies() (the objects `u3m
+  // train sim` drives); "lookahead" prefetches the tensors of the op
+  // `lookahead` ops ahead (0 = none).
+  std::string policy = "lookahead";
+  unsigned lookahead = 4;
+  bool host_optimizer = false;  // u3m and oracle: optimizer steps on the host tier
+  policy::U3mPolicyOptions u3m{};
+  // Appends what the replay asks of the engine (Note [Driver calls] in
+  // policy/tiering.hpp); null = nothing recorded.
+  policy::DriverLog* log = nullptr;
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
   bool expandable_segments = true;
   std::uint64_t max_events = 0;  // 0 = all
@@ -44,6 +57,7 @@ struct ReplayOptions {
 };
 
 struct ReplayReport {
+  std::string policy;
   std::uint64_t events = 0, ops = 0, tensors = 0;
   std::uint64_t footprint = 0;  // most bytes live at once (the device an untiered run needs)
   std::uint64_t device_budget = 0, host_budget = 0, ssd_capacity = 0;
@@ -92,8 +106,5 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& option
 double transfer_overhead_s(const ReplayOptions& options, std::uint64_t bytes = 4096,
                            int reps = 200);
 
-// The most bytes live at once over the trace (alloc/free events; tensors
-// never allocated count from their first use to the end).
-std::uint64_t trace_footprint(const trace::Trace& trace);
 
-}  // namespace u3m::engine
+}  // namespace u3m::drive
