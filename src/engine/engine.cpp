@@ -1326,6 +1326,7 @@ std::optional<Residency> Engine::residency(TensorId id) const {
   r.readers = e.total_readers();
   r.writer = e.writer;
   r.lost = e.lost;
+  for (Tier t : {Tier::device, Tier::host}) r.leaving[idx(t)] = (e.evict_want & bit(t)) != 0;
   return r;
 }
 
