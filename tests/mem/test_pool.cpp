@@ -463,7 +463,7 @@ TEST(CompactTest, ExpandableTailIsReleasedAfterCompaction) {
   EXPECT_EQ(r.fragmentation_after, 0.0);
 }
 
-// Note [Free index] in pool.cpp: the size-class bins must choose exactly what
+// Note [Free index] in free_index.cpp: the size-class bins must choose exactly what
 // an ordered (size, address) set would. A random mix of sizes across many
 // classes (and both pools), each allocation checked against the layout just
 // before it: when a free block fits, the pool must take the smallest one, the

@@ -299,7 +299,7 @@ class DevicePool {
   struct Segment;
   // Free blocks of one pool (small or large), for best fit by (size, address):
   // size-class bins with a bitmap, each bin a sorted flat array (Note [Free
-  // index] in pool.cpp).
+  // index] in free_index.cpp).
   class FreeIndex {
    public:
     void insert(PoolBlock* b);
