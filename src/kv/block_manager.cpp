@@ -473,6 +473,7 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
   a.blocks = p.blocks;
   a.prompt_full_blocks = static_cast<std::uint32_t>(p.keys.size());
   std::vector<TokenBlockId> table(p.blocks, 0);
+  std::vector<TokenBlockId> created;
   // Lock every cached block first, so making room for new ones cannot evict them.
   bool run = true;
   for (std::size_t i = 0; i < p.keys.size(); ++i) {
@@ -510,6 +511,7 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
     const bool share = !cache_.contains(p.keys[i]);
     table[i] = create(static_cast<std::uint32_t>(i), share, p.keys[i]);
     share ? ++a.new_blocks : ++a.private_blocks;
+    if (share) created.push_back(table[i]);
   }
   for (std::uint32_t i = static_cast<std::uint32_t>(p.keys.size()); i < p.blocks; ++i) {
     table[i] = create(i, false, 0);
@@ -523,7 +525,7 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
 
   requests_.emplace(p.id, std::move(table));
   account(p, a, true);
-  fresh_.push_back({p, a, from_queue});
+  fresh_.push_back({p, a, from_queue, std::move(created)});
   st_.peak_running = std::max<std::uint64_t>(st_.peak_running, requests_.size());
   st_.peak_referenced_slots = std::max(st_.peak_referenced_slots, referenced_slots_);
   check_emergency();
@@ -846,7 +848,9 @@ TierUse BlockManager::use(Tier t) const {
 //    them unstarted (nothing starts before what it waits for is completed);
 //  - settle(), once the admission-critical actions (allocations, promotions from SSD) are
 //    completed, rolls back each admission left without all its slots in memory: its private
-//    blocks are freed (reason abort), its shared ones unreferenced, its counters taken back,
+//    blocks are freed (reason abort), its shared ones unreferenced, the cached blocks it
+//    created damaged (their KV will never be computed, so an admission that hit them in
+//    the same batch is rolled back too), its counters taken back,
 //    and the request goes back to the front of the queue, or to the caller of submit() as
 //    aborted. Damaged blocks are dropped once nobody references them, so no later request
 //    hits KV that is missing or lost. A promotion from DRAM to HBM is not critical: if it
@@ -1022,6 +1026,14 @@ void BlockManager::damage(TokenBlockId tb) {
   damaged_.push_back(tb);
 }
 
+void BlockManager::lost(BlockId block) {
+  const TokenBlockId tb = block / kMaxGroups;
+  auto it = blocks_.find(tb);
+  if (it == blocks_.end()) return;
+  damage(tb);
+  if (it->second.refs == 0) drop(tb, Action::Reason::abort);
+}
+
 std::vector<RequestId> BlockManager::settle() {
   std::vector<RequestId> refused;
   std::vector<Pending> requeue;
@@ -1044,6 +1056,9 @@ std::vector<RequestId> BlockManager::settle() {
       }
     }
     if (holds) continue;
+    // Its new cached blocks will never be computed: a later request must not hit them, and
+    // one admitted with it that did is rolled back too (it comes later in fresh_).
+    for (TokenBlockId tb : f.created) damage(tb);
     const std::vector<TokenBlockId> table = std::move(rq->second);
     requests_.erase(rq);
     for (TokenBlockId tb : table) {

@@ -199,6 +199,26 @@ std::vector<RequestId> TieredStore::execute() {
 
 void TieredStore::drain() {
   wait_until([&] { return pending_.empty(); });
+  reap_lost();
+}
+
+// An SSD copy the store's scrubber (or a failed read) found corrupt is gone, and the engine
+// reports its tensor lost if that was the only copy (Note [Verified before dropped] in
+// engine.cpp). Only unreferenced cached blocks rest on SSD, so that costs a recompute, never
+// an admitted request's KV: the manager drops the block, and the next call frees it.
+void TieredStore::reap_lost() {
+  const std::uint64_t now = stack_.engine().stats().lost_tensors;
+  if (now == lost_seen_) return;
+  lost_seen_ = now;
+  for (const auto& [id, tier] : live_) {
+    const auto r = stack_.engine().residency(id);
+    if (!r || !r->lost || block_pending_.contains(id)) continue;
+    if (tier != Tier::ssd)
+      throw std::runtime_error(
+          fmt::format("kv store: block {} in {} lost by the engine", id, mem::to_string(tier)));
+    bm_.lost(id);
+    ++st_.lost_at_rest;
+  }
 }
 
 bool TieredStore::ready(const Action& a) const {
@@ -446,6 +466,8 @@ void TieredStore::check_agreement() const {
     if (says != tier) fail("the driver missed a move");
     auto r = e.residency(id);
     if (!r) fail("not registered in the engine");
+    // Lost at rest on SSD (the scrubber runs in the background): reaped at the next call.
+    if (r->lost && tier == Tier::ssd) continue;
     if (r->lost) fail("lost by the engine");
     if (r->in_flight) fail("still moving after its action");
     if (r->valid[0] && r->valid[1]) fail("two memory copies");

@@ -776,6 +776,9 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
             ++too_large;
             reqs.erase(id);
             break;
+          case SubmitResult::aborted:
+            ADD_FAILURE() << "request " << id << " aborted, with every action completed ok";
+            break;
         }
       } else {
         auto it = running.begin();
@@ -828,6 +831,8 @@ namespace {
 // keeps a physical model of the slots. A take occupies its destination from its start, a
 // leave frees its source at completion: the model must never hold more than a tier has.
 struct TwoPhaseDriver {
+  TwoPhaseDriver(BlockManager& manager, std::uint64_t seed, double p)
+      : m(manager), rng(seed), fail_p(p) {}
   BlockManager& m;
   std::mt19937_64 rng;
   double fail_p;
@@ -862,7 +867,9 @@ struct TwoPhaseDriver {
     if (do_start) {
       const std::uint64_t seq = can_start[pick(can_start.size())];
       const Action& a = pending.at(seq);
-      if (a.kind == Action::Kind::move) EXPECT_EQ(phys.at(a.block), a.from) << "seq " << seq;
+      if (a.kind == Action::Kind::move) {
+        EXPECT_EQ(phys.at(a.block), a.from) << "seq " << seq;
+      }
       if (a.kind != Action::Kind::free) {
         const int t = static_cast<int>(a.to);
         EXPECT_LT(occ[t], m.use(a.to).capacity) << "a take started into a full tier " << t;
@@ -925,7 +932,9 @@ struct TwoPhaseDriver {
   void check() {
     m.check_invariants();
     for (const auto& [b, t] : phys)
-      if (!pending_on(b)) ASSERT_EQ(m.slot_tier(b / kMaxGroups, b % kMaxGroups), t) << b;
+      if (!pending_on(b)) {
+        ASSERT_EQ(m.slot_tier(b / kMaxGroups, b % kMaxGroups), t) << b;
+      }
     if (!pending.empty()) return;
     for (int t = 0; t < kTiers; ++t) ASSERT_EQ(occ[t], m.use(static_cast<Tier>(t)).used) << t;
   }
@@ -949,7 +958,7 @@ TEST(KvTwoPhase, RandomFailuresRollBackAndLoseNoRequest) {
     c.pin_budget_slots = 2;
     BlockManager m(c);
     ASSERT_TRUE(m.pin_prefix({{"sys", 4}}));
-    TwoPhaseDriver d{m, std::mt19937_64(seed), seed % 2 ? 0.04 : 0.12};
+    TwoPhaseDriver d(m, static_cast<std::uint64_t>(seed), seed % 2 ? 0.04 : 0.12);
     const bool drain_all = seed > 3;
     std::set<RequestId> running, retry;
     std::map<RequestId, int> runs;

@@ -239,6 +239,10 @@ class BlockManager {
   // whose queued admissions were rolled back while nothing runs.
   std::vector<Admission> admit_waiting();
   std::size_t pending_actions() const { return ops_.size(); }
+  // The driver found a slot's data gone outside any action (an SSD copy at rest that no
+  // longer reads back): its token block is dropped once nobody references it, so no later
+  // request hits it. No-op for a block already gone.
+  void lost(BlockId block);
   void on_alert(std::function<void(const KvAlert&)> fn) { alert_ = std::move(fn); }
 
   bool running(RequestId id) const { return requests_.contains(id); }
@@ -298,6 +302,7 @@ class BlockManager {
     Pending p;
     Admission a;
     bool from_queue;
+    std::vector<TokenBlockId> created;  // cached blocks it made, whose KV it is to compute
   };
   struct Need {
     std::uint64_t mem_slots = 0;  // new locks in HBM + DRAM

@@ -35,6 +35,7 @@ struct TieredStoreStats {
   // block's pending action, and the most actions pending at once.
   std::uint64_t failed = 0, lost = 0, cancelled = 0, retried = 0, injected = 0;
   std::uint64_t aborted = 0, block_waits = 0, peak_pending = 0;
+  std::uint64_t lost_at_rest = 0;  // blocks the engine lost outside any action (dropped)
 };
 
 struct TieredStoreOptions {
@@ -112,6 +113,7 @@ class TieredStore {
   static engine::RealStackOptions stack_options(const KvConfig& c, const TieredStoreOptions& o);
   std::vector<RequestId> execute();  // submits the prepared actions, settles admissions
   void enqueue();                    // the manager's prepared actions into pending_
+  void reap_lost();  // blocks the engine lost at rest: the manager forgets them
   bool pump();                       // one pass; true if anything changed
   void wait_until(const std::function<bool()>& done);
   std::optional<Outcome> step(Exec& x);  // starts or polls; an outcome once it is done
@@ -129,6 +131,7 @@ class TieredStore {
   std::map<std::uint64_t, Exec> pending_;            // by seq: started in that order
   std::unordered_map<engine::TensorId, unsigned> block_pending_;  // pending actions per block
   unsigned staging_ = 0;                                          // staging slots in use
+  std::uint64_t lost_seen_ = 0;  // engine lost_tensors already reaped
   TieredStoreStats st_;
 };
 
