@@ -367,7 +367,7 @@ bool Engine::allocate_copy(Entry& e, Tier t) {
     if (e.ptr[0]) return true;
     mem::PoolAllocation a;
     if (used_[0] + e.bytes > config_.device.capacity ||
-        !mem::ok(pool_.allocate(e.bytes, &a, /*movable=*/false, e.id))) {
+        !mem::ok(pool_.allocate(e.bytes, &a))) {
       short_[0] += e.bytes;
       return false;
     }

@@ -73,8 +73,6 @@ PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
         {"expandable_reserve", &PoolConfig::expandable_reserve},
         {"expandable_keep", &PoolConfig::expandable_keep},
         {"fast_cache_blocks", &PoolConfig::fast_cache_blocks},
-        {"thread_cache_blocks", &PoolConfig::thread_cache_blocks},
-        {"thread_cache_bytes", &PoolConfig::thread_cache_bytes},
     };
     bool found = false;
     for (const SizeKey& k : kSizes) {
@@ -91,8 +89,7 @@ PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
       input_error(where,
                   "unknown key '{}' (known: alignment, small_size, small_segment, large_segment, "
                   "min_large_alloc, round_large, large_split_min, capacity, expandable_segments, "
-                  "expandable_reserve, expandable_keep, fast_cache_blocks, thread_cache_blocks, "
-                  "thread_cache_bytes)",
+                  "expandable_reserve, expandable_keep, fast_cache_blocks)",
                   key);
     }
   }
@@ -101,7 +98,8 @@ PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
 }
 
 void PoolConfig::validate(std::string_view where) const {
-  if (!pool_detail::is_pow2(alignment)) input_error(where, "alignment: {} is not a power of two", alignment);
+  if (!pool_detail::is_pow2(alignment))
+    input_error(where, "alignment: {} is not a power of two", alignment);
   if (small_size < alignment) input_error(where, "small_size: must be >= alignment");
   if (small_segment < small_size) input_error(where, "small_segment: must be >= small_size");
   if (small_segment % alignment || large_segment % alignment || round_large % alignment) {
@@ -117,11 +115,10 @@ std::string PoolConfig::describe() const {
   return fmt::format(
       "alignment:{},small_size:{},small_segment:{},large_segment:{},min_large_alloc:{},"
       "round_large:{},large_split_min:{},capacity:{},expandable_segments:{},"
-      "expandable_reserve:{},expandable_keep:{},fast_cache_blocks:{},thread_cache_blocks:{},"
-      "thread_cache_bytes:{}",
+      "expandable_reserve:{},expandable_keep:{},fast_cache_blocks:{}",
       alignment, small_size, small_segment, large_segment, min_large_alloc, round_large,
       large_split_min, capacity, expandable_segments, expandable_reserve, expandable_keep,
-      fast_cache_blocks, thread_cache_blocks, thread_cache_bytes);
+      fast_cache_blocks);
 }
 
 }  // namespace u3m::mem

@@ -16,6 +16,20 @@ namespace u3m::mem {
 
 using pool_detail::as_ptr;
 
+namespace {
+
+// Books `bytes` of physical memory against `capacity` (0 = unbounded).
+Status take_physical(SourceCounters& c, std::uint64_t capacity, std::uint64_t bytes) {
+  if (capacity && bytes > capacity - c.physical_bytes) {
+    ++c.failures;
+    return Status::out_of_memory;
+  }
+  c.physical_bytes += bytes;
+  return Status::ok;
+}
+
+}  // namespace
+
 // ---- VirtualSegmentSource --------------------------------------------------
 
 VirtualSegmentSource::VirtualSegmentSource(std::uint64_t granularity,
@@ -38,21 +52,12 @@ bool VirtualSegmentSource::inject_failure() {
   return true;
 }
 
-Status VirtualSegmentSource::take_physical(std::uint64_t bytes) {
-  if (capacity_ && bytes > capacity_ - counters_.physical_bytes) {
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  counters_.physical_bytes += bytes;
-  return Status::ok;
-}
-
 Status VirtualSegmentSource::allocate_segment(std::uint64_t bytes, void** base) {
   std::lock_guard lock(mu_);
   ++counters_.allocate_segment;
   if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
   if (inject_failure()) return Status::out_of_memory;
-  if (Status s = take_physical(bytes); !ok(s)) return s;
+  if (Status s = take_physical(counters_, capacity_, bytes); !ok(s)) return s;
   std::uintptr_t a = next_address_;
   next_address_ += bytes + granularity_;  // a guard gap: segments never touch
   ranges_[a] = bytes;
@@ -90,7 +95,7 @@ Status VirtualSegmentSource::map(void* addr, std::uint64_t bytes) {
   if (!vmm_) return Status::unsupported;
   if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
   if (inject_failure()) return Status::out_of_memory;
-  return take_physical(bytes);
+  return take_physical(counters_, capacity_, bytes);
 }
 
 Status VirtualSegmentSource::unmap(void* addr, std::uint64_t bytes) {
@@ -128,20 +133,11 @@ CpuSegmentSource::~CpuSegmentSource() {
   }
 }
 
-Status CpuSegmentSource::take_physical(std::uint64_t bytes) {
-  if (capacity_ && bytes > capacity_ - counters_.physical_bytes) {
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  counters_.physical_bytes += bytes;
-  return Status::ok;
-}
-
 Status CpuSegmentSource::allocate_segment(std::uint64_t bytes, void** base) {
   std::lock_guard lock(mu_);
   ++counters_.allocate_segment;
   if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
-  if (Status s = take_physical(bytes); !ok(s)) return s;
+  if (Status s = take_physical(counters_, capacity_, bytes); !ok(s)) return s;
   void* p = map_aligned(bytes, granularity_);
   if (!p) {
     counters_.physical_bytes -= bytes;
@@ -202,7 +198,7 @@ Status CpuSegmentSource::map(void* addr, std::uint64_t bytes) {
   if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
   auto it = find_reservation(a, bytes);
   if (it == reservations_.end()) return Status::invalid_argument;
-  if (Status s = take_physical(bytes); !ok(s)) return s;
+  if (Status s = take_physical(counters_, capacity_, bytes); !ok(s)) return s;
   auto off = static_cast<off_t>(a - it->first);
   // fallocate commits the pages now (like cuMemCreate), so a full machine
   // answers out_of_memory here instead of SIGBUS on first touch.
