@@ -201,24 +201,6 @@ KvGeometry KvGeometry::of(const workload::ModelShape& m, std::uint32_t block_tok
 
 // ---------------------------------------------------------------- names
 
-std::string_view to_string(EvictionPolicy p) {
-  switch (p) {
-    case EvictionPolicy::lru:
-      return "lru";
-    case EvictionPolicy::lfu:
-      return "lfu";
-    case EvictionPolicy::pgdsf:
-      return "pgdsf";
-  }
-  return "?";
-}
-
-EvictionPolicy parse_eviction_policy(std::string_view name, std::string_view where) {
-  for (auto p : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf})
-    if (name == to_string(p)) return p;
-  input_error(where, "unknown eviction policy '{}' (choices: lru, lfu, pgdsf)", name);
-}
-
 std::string_view to_string(Action::Kind k) {
   switch (k) {
     case Action::Kind::allocate:
@@ -350,6 +332,7 @@ BlockManager::BlockManager(KvConfig config) : cfg_(std::move(config)) {
   groups_ = cfg_.geometry.groups();
   homes_ = cfg_.homes();
   cap_ = cfg_.capacity_slots;
+  eviction_ = make_eviction(cfg_.policy, cfg_.geometry, cfg_.lfu_half_life);
 }
 
 BlockManager::Pending BlockManager::make_pending(RequestId id,
@@ -550,28 +533,11 @@ void BlockManager::account(const Pending& p, const Admission& a, bool add) {
 
 void BlockManager::touch(const std::vector<TokenBlockId>& chain) {
   ++tick_;
-  const double now = static_cast<double>(tick_);
   double floor = -std::numeric_limits<double>::infinity();
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // last block first
     TokenBlock& b = blocks_.at(*it);  // referenced, so not listed: prio may change
-    ++b.freq;
-    double raw = 0;
-    switch (cfg_.policy) {
-      case EvictionPolicy::lru:
-        raw = now;
-        break;
-      case EvictionPolicy::lfu: {
-        const double h = cfg_.lfu_half_life;
-        b.decayed = b.decayed * std::exp2(-(now - static_cast<double>(b.last_tick)) / h) + 1;
-        raw = std::log2(b.decayed) + now / h;
-        break;
-      }
-      case EvictionPolicy::pgdsf:
-        raw = clock_ + static_cast<double>(b.freq) * cfg_.geometry.recompute_flops(b.index) /
-                           static_cast<double>(cfg_.geometry.token_block_bytes());
-        break;
-    }
-    b.last_tick = tick_;
+    ++b.use.freq;
+    const double raw = eviction_->priority(b.use, b.index, tick_);
     b.prio = std::max(raw, floor);  // Note [Eviction order]: a prefix never ranks below
     floor = b.prio;
   }
@@ -673,7 +639,7 @@ void BlockManager::drop(TokenBlockId tb, Action::Reason why) {
   if (b.cached) {
     if (evictable(b)) unlist(b, tb);
     cache_.erase(b.key);
-    if (!b.damaged) clock_ = std::max(clock_, b.prio);  // Note [Eviction order]: aging
+    if (!b.damaged) eviction_->dropped(b.prio);  // Note [Eviction order]: aging
     ++st_.dropped_blocks;
   }
   for (std::uint32_t g = 0; g < groups_; ++g) {

@@ -374,13 +374,21 @@ std::optional<Outcome> TieredStore::step(Exec& x) {
         x.started = false;
         return std::nullopt;
       }
-      engine::Lease l;
-      const mem::Status s = e.try_acquire(id, a.to, engine::Access::read, &l);
-      if (s == mem::Status::busy) return std::nullopt;
-      if (!mem::ok(s)) return e.residency(id)->lost ? Outcome::lost : Outcome::failed;
-      check(e.release(l), "release", id);
+      if (!x.landed) {
+        engine::Lease l;
+        const mem::Status s = e.try_acquire(id, a.to, engine::Access::read, &l);
+        if (s == mem::Status::busy) return std::nullopt;
+        if (!mem::ok(s)) return e.residency(id)->lost ? Outcome::lost : Outcome::failed;
+        check(e.release(l), "release", id);
+        x.landed = true;
+      }
       const Tier other = other_memory(a.to);
-      if (e.residency(id)->valid[idx(other)]) check(e.evict(id, other), "drop", id);  // clean
+      if (e.residency(id)->valid[idx(other)]) {  // the clean copy it came from
+        const mem::Status s = e.evict(id, other);
+        if (s == mem::Status::busy) return std::nullopt;  // moving meanwhile: drop it later
+        check(s, "drop", id);
+        if (e.residency(id)->valid[idx(other)]) return std::nullopt;  // being verified
+      }
       live_[id] = a.to;
       return Outcome::ok;
     }

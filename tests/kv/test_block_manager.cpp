@@ -965,7 +965,9 @@ TEST(KvTwoPhase, RandomFailuresRollBackAndLoseNoRequest) {
     std::map<RequestId, ServeRequest> reqs;
     auto admitted = [&](const std::vector<Admission>& adm) {
       for (const Admission& a : adm)
-        if (m.running(a.id)) ASSERT_TRUE(running.insert(a.id).second);
+        if (m.running(a.id)) {
+          ASSERT_TRUE(running.insert(a.id).second);
+        }
     };
     RequestId next = 1;
     const RequestId total = 250;

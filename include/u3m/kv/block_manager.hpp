@@ -13,12 +13,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "u3m/kv/eviction.hpp"
 #include "u3m/mem/status.hpp"
 #include "u3m/workload/request_trace.hpp"
 #include "u3m/workload/shape.hpp"
@@ -56,10 +58,6 @@ struct KvGeometry {
                        std::uint32_t layers_per_group = 4, std::uint32_t dtype_bytes = 2);
 };
 
-enum class EvictionPolicy : std::uint8_t { lru, lfu, pgdsf };
-std::string_view to_string(EvictionPolicy p);
-// "lru", "lfu" (LFU with exponential aging), "pgdsf"; InputError naming `where` and the choices.
-EvictionPolicy parse_eviction_policy(std::string_view name, std::string_view where);
 
 struct KvConfig {
   KvGeometry geometry;
@@ -268,9 +266,7 @@ class BlockManager {
     bool pinned = false;
     std::uint32_t index = 0;      // position in the sequence
     std::uint32_t refs = 0;       // running requests using it
-    std::uint64_t freq = 0;       // uses (PGDSF)
-    double decayed = 0;           // LFU: uses, halved every lfu_half_life ticks
-    std::uint64_t last_tick = 0;  // LFU: when `decayed` was last updated
+    BlockUse use;                 // what the eviction policy keeps of it
     double prio = 0;              // eviction priority: lower goes first
     std::vector<Tier> tier;       // per group: where it rests once its actions are done
     std::vector<std::uint8_t> absent;  // per group: its allocation failed (no slot held)
@@ -372,7 +368,7 @@ class BlockManager {
   std::vector<TokenBlockId> damaged_;  // damaged blocks still referenced, or not yet dropped
   std::uint64_t next_seq_ = 1;
   TokenBlockId next_tb_ = 1;
-  double clock_ = 0;                  // PGDSF aging: the priority of the last block dropped
+  std::unique_ptr<Eviction> eviction_;  // Note [Eviction order]
   std::uint64_t tick_ = 0;            // one per admission: LRU recency, LFU decay
   std::uint64_t admitted_slots_ = 0;  // sum of admitted requests' slots, for the mean
   bool emergency_ = false;

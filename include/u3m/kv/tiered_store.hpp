@@ -108,6 +108,7 @@ class TieredStore {
     Action a;
     bool started = false;
     bool staged = false;  // holds a staging slot (SSD -> HBM)
+    bool landed = false;  // a move to memory whose copy is there; the other one still to drop
     unsigned attempts = 0;
   };
   static engine::RealStackOptions stack_options(const KvConfig& c, const TieredStoreOptions& o);
