@@ -1,7 +1,7 @@
 // u3m bench alloc: the pool allocator's fast path (a cached size: allocate
-// then free, no source call; the per-thread cache, Note [Thread cache] in
-// src/mem/pool.cpp), the same with the thread cache off (the locked path),
-// and glibc malloc/free, all measured in the same run on this machine.
+// then free under the pool lock, no source call; Note [Fast path] in
+// src/mem/pool.cpp) and glibc malloc/free, measured in the same run on this
+// machine.
 #include <time.h>
 #include <unistd.h>
 
@@ -79,38 +79,30 @@ void run_alloc_bench(const AllocBenchArgs& a) {
   if (a.rounds < 1) input_error("--rounds", "must be >= 1, got {}", a.rounds);
   mem::PoolConfig config = mem::PoolConfig::parse(a.pool_config, "--pool-config");
 
-  mem::PoolConfig locked_config = config;
-  locked_config.thread_cache_blocks = 0;
-
   mem::CpuSegmentSource source;
-  mem::DevicePool pool(source, config), locked(source, locked_config);
-  const double slice = a.seconds / double(sizes.size() * 3 * a.rounds);
+  mem::DevicePool pool(source, config);
+  const double slice = a.seconds / double(sizes.size() * 2 * a.rounds);
   nlohmann::json results = nlohmann::json::array();
   std::uint64_t calls_after_warmup = 0, calls_at_end = 0;
-  auto source_calls = [&] { return pool.stats().source_calls + locked.stats().source_calls; };
+  auto source_calls = [&] { return pool.stats().source_calls; };
   for (std::uint64_t size : sizes) {
-    auto pair_of = [size](mem::DevicePool& p) {
-      return [&p, size] {
-        mem::PoolAllocation x;
-        if (!mem::ok(p.allocate(size, &x)) || !mem::ok(p.free(x))) {
-          throw std::runtime_error(fmt::format("bench alloc: pool failed at {} bytes", size));
-        }
-      };
+    auto pool_pair = [&pool, size] {
+      mem::PoolAllocation x;
+      if (!mem::ok(pool.allocate(size, &x)) || !mem::ok(pool.free(x))) {
+        throw std::runtime_error(fmt::format("bench alloc: pool failed at {} bytes", size));
+      }
     };
-    auto pool_pair = pair_of(pool), locked_pair = pair_of(locked);
     auto malloc_pair = [&] {
       void* p = std::malloc(size);
       escape(p);
       std::free(p);
     };
     pool_pair();  // caches the size: from here on the pool's fast path
-    locked_pair();
     malloc_pair();
     calls_after_warmup += source_calls();
-    std::vector<double> b, l, r;
+    std::vector<double> b, r;
     for (int i = 0; i < a.rounds; ++i) {
       b.push_back(ns_per_pair(pool_pair, slice));
-      l.push_back(ns_per_pair(locked_pair, slice));
       r.push_back(ns_per_pair(malloc_pair, slice));
     }
     calls_at_end += source_calls();
@@ -118,7 +110,6 @@ void run_alloc_bench(const AllocBenchArgs& a) {
     results.push_back({{"op", "alloc+free"},
                        {"size", size},
                        {"ns_per_op", ns},
-                       {"locked_ns_per_op", median(l)},
                        {"reference_ns_per_op", ref},
                        {"ratio", ref / ns}});
   }
@@ -126,29 +117,21 @@ void run_alloc_bench(const AllocBenchArgs& a) {
     throw std::runtime_error("bench alloc: the pool called its source after warm-up");
   }
 
-  // No thread cache (configured off, expandable segments, or the kernel
-  // refused membarrier: Note [Thread cache]): the "pool" figures are the
-  // locked path, and the output says so.
-  const bool thread_cache = pool.stats().thread_caches > 0;
   const std::string where = machine();
   const std::string method = fmt::format(
       "one thread; per size: one warm-up pair, then {} alternating rounds of ~{:.0f} ms each of "
-      "DevicePool allocate+free (a cached size, no source call: the thread cache), the same with "
-      "thread_cache_blocks:0 (the locked path), and glibc malloc+free of the same size (memory "
-      "untouched by all); the same loop for all, timed by this thread's CPU time "
-      "(CLOCK_THREAD_CPUTIME_ID, so other processes' load does not count); median ns per pair; "
-      "ratio = malloc ns / pool ns (> 1: the pool is faster); load average {:.2f} at the end{}",
-      a.rounds, slice * 1e3, load_average(),
-      thread_cache ? ""
-                   : "; the pool has NO THREAD CACHE (configured off, expandable segments, or "
-                     "membarrier refused): its figures are the locked path");
+      "DevicePool allocate+free (a cached size, no source call: the pool cache under the pool "
+      "lock) and glibc malloc+free of the same size (memory untouched by both); the same loop "
+      "for both, timed by this thread's CPU time (CLOCK_THREAD_CPUTIME_ID, so other processes' "
+      "load does not count); median ns per pair; ratio = malloc ns / pool ns (> 1: the pool is "
+      "faster); load average {:.2f} at the end",
+      a.rounds, slice * 1e3, load_average());
   if (a.json) {
     nlohmann::json out;
     out["machine"] = where;
     out["figures"] = "measured on " + where;
     out["method"] = method;
     out["pool_config"] = pool.config().describe();
-    out["thread_cache"] = thread_cache;
     out["seconds"] = a.seconds;
     out["load_average"] = load_average();
     out["results"] = results;
@@ -156,13 +139,12 @@ void run_alloc_bench(const AllocBenchArgs& a) {
     return;
   }
   fmt::print("u3m bench alloc: measured on {}\n{}\n\n", where, method);
-  fmt::print("{:>10}  {:>16}  {:>18}  {:>16}  {:>14}\n", "size", "pool ns/pair", "locked ns/pair",
-             "malloc ns/pair", "pool speed-up");
+  fmt::print("{:>10}  {:>16}  {:>16}  {:>14}\n", "size", "pool ns/pair", "malloc ns/pair",
+             "pool speed-up");
   for (const auto& r : results) {
-    fmt::print("{:>10}  {:>16.1f}  {:>18.1f}  {:>16.1f}  {:>13.2f}x\n",
+    fmt::print("{:>10}  {:>16.1f}  {:>16.1f}  {:>13.2f}x\n",
                human_bytes(r["size"].get<std::uint64_t>()), r["ns_per_op"].get<double>(),
-               r["locked_ns_per_op"].get<double>(), r["reference_ns_per_op"].get<double>(),
-               r["ratio"].get<double>());
+               r["reference_ns_per_op"].get<double>(), r["ratio"].get<double>());
   }
 }
 
@@ -172,11 +154,11 @@ void add_bench_alloc_command(CLI::App& bench) {
   auto args = std::make_shared<AllocBenchArgs>();
   auto* cmd = bench.add_subcommand(
       "alloc",
-      "Pool allocator fast path (cached sizes; thread cache, and locked path) vs glibc "
-      "malloc/free: ns per alloc+free pair, measured on this machine");
+      "Pool allocator fast path (cached sizes, under the pool lock) vs glibc malloc/free: ns "
+      "per alloc+free pair, measured on this machine");
   cmd->add_flag("--json", args->json,
                 "Print JSON: {machine, method, results: [{op, size, "
-                "ns_per_op, locked_ns_per_op, reference_ns_per_op, ratio}]}");
+                "ns_per_op, reference_ns_per_op, ratio}]}");
   cmd->add_option("--sizes", args->sizes, "Comma-separated sizes (suffix K, M, G)")
       ->capture_default_str();
   cmd->add_option(

@@ -27,6 +27,9 @@ from u3m_capture.model import KVCache, ModelConfig
 
 from . import _core
 
+# Submits of a row whose admission was rolled back after a failed action (SSD faults).
+_SUBMIT_ATTEMPTS = 4
+
 
 def kv_bytes_per_token_layer(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
     """K and V of one token in one layer."""
@@ -135,8 +138,17 @@ class TieredKVCache(KVCache):
         self._queued: List[int] = []  # a row the manager queued (only on the error path)
         for row in prompts.tolist():
             rid = manager.new_request_id()
-            result, adm = manager.store.submit(rid, prompt_segments(row, self.bt, salt),
-                                                  max_len - p)
+            segments = prompt_segments(row, self.bt, salt)
+            # "aborted": an action failed (an SSD fault) and the store rolled the admission
+            # back, leaving nothing of it; the faults are transient, so submit again.
+            for _ in range(_SUBMIT_ATTEMPTS):
+                result, adm = manager.store.submit(rid, segments, max_len - p)
+                if result != "aborted":
+                    break
+            if result == "aborted":
+                self.close()
+                raise RuntimeError(f"TieredKVCache: request for batch row {len(self.ids)} was aborted "
+                                   f"{_SUBMIT_ATTEMPTS} times: an action of its admission kept failing")
             if result != "admitted":
                 self._queued = [rid] if result == "queued" else []
                 self.close()

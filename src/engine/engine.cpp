@@ -368,7 +368,7 @@ bool Engine::allocate_copy(Entry& e, Tier t) {
     if (e.ptr[0]) return true;
     mem::PoolAllocation a;
     if (used_[0] + e.bytes > config_.device.capacity ||
-        !mem::ok(pool_.allocate(e.bytes, &a, /*movable=*/false, e.id))) {
+        !mem::ok(pool_.allocate(e.bytes, &a))) {
       short_[0] += e.bytes;
       return false;
     }
@@ -1351,6 +1351,7 @@ std::optional<Residency> Engine::residency(TensorId id) const {
   r.readers = e.total_readers();
   r.writer = e.writer;
   r.lost = e.lost;
+  for (Tier t : {Tier::device, Tier::host}) r.leaving[idx(t)] = (e.evict_want & bit(t)) != 0;
   return r;
 }
 

@@ -546,6 +546,7 @@ void Simulator::submit(std::size_t i) {
     case kv::SubmitResult::queued:
       break;
     case kv::SubmitResult::refused_queue_full:
+    case kv::SubmitResult::aborted:  // never here: the simulator completes every action ok
       backlog_.push_back(i);
       ++res_.retried_submits;
       break;

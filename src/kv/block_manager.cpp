@@ -201,24 +201,6 @@ KvGeometry KvGeometry::of(const workload::ModelShape& m, std::uint32_t block_tok
 
 // ---------------------------------------------------------------- names
 
-std::string_view to_string(EvictionPolicy p) {
-  switch (p) {
-    case EvictionPolicy::lru:
-      return "lru";
-    case EvictionPolicy::lfu:
-      return "lfu";
-    case EvictionPolicy::pgdsf:
-      return "pgdsf";
-  }
-  return "?";
-}
-
-EvictionPolicy parse_eviction_policy(std::string_view name, std::string_view where) {
-  for (auto p : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf})
-    if (name == to_string(p)) return p;
-  input_error(where, "unknown eviction policy '{}' (choices: lru, lfu, pgdsf)", name);
-}
-
 std::string_view to_string(Action::Kind k) {
   switch (k) {
     case Action::Kind::allocate:
@@ -242,8 +224,14 @@ std::string_view to_string(Action::Reason r) {
       return "spill";
     case Action::Reason::finish:
       return "finish";
+    case Action::Reason::abort:
+      return "abort";
   }
   return "?";
+}
+
+bool admission_critical(const Action& a) {
+  return a.kind == Action::Kind::allocate || (a.kind == Action::Kind::move && a.from == Tier::ssd);
 }
 std::string_view to_string(SubmitResult r) {
   switch (r) {
@@ -255,6 +243,8 @@ std::string_view to_string(SubmitResult r) {
       return "refused_queue_full";
     case SubmitResult::too_large:
       return "too_large";
+    case SubmitResult::aborted:
+      return "aborted";
   }
   return "?";
 }
@@ -342,6 +332,7 @@ BlockManager::BlockManager(KvConfig config) : cfg_(std::move(config)) {
   groups_ = cfg_.geometry.groups();
   homes_ = cfg_.homes();
   cap_ = cfg_.capacity_slots;
+  eviction_ = make_eviction(cfg_.policy, cfg_.geometry, cfg_.lfu_half_life);
 }
 
 BlockManager::Pending BlockManager::make_pending(RequestId id,
@@ -420,7 +411,7 @@ SubmitResult BlockManager::submit(RequestId id, const workload::ServeRequest& r,
     return SubmitResult::too_large;
   }
   if (queue_.empty() && fits(p)) {
-    Admission a = admit(p);
+    Admission a = admit(p, false);
     if (out) *out = a;
     return SubmitResult::admitted;
   }
@@ -443,7 +434,7 @@ std::vector<Admission> BlockManager::finish(RequestId id) {
   for (TokenBlockId tb : table) {
     TokenBlock& b = blocks_.at(tb);
     unref(b, tb);
-    if (!b.cached) drop(tb, Action::Reason::finish);
+    if (!b.cached || (b.damaged && b.refs == 0)) drop(tb, Action::Reason::finish);
   }
   ++st_.finished;
   std::vector<Admission> out;
@@ -454,17 +445,18 @@ std::vector<Admission> BlockManager::finish(RequestId id) {
 
 void BlockManager::admit_queued(std::vector<Admission>& out) {
   while (!queue_.empty() && fits(queue_.front())) {
-    out.push_back(admit(queue_.front()));
+    out.push_back(admit(queue_.front(), true));
     queue_.pop_front();
   }
 }
 
-Admission BlockManager::admit(const Pending& p) {
+Admission BlockManager::admit(const Pending& p, bool from_queue) {
   Admission a;
   a.id = p.id;
   a.blocks = p.blocks;
   a.prompt_full_blocks = static_cast<std::uint32_t>(p.keys.size());
   std::vector<TokenBlockId> table(p.blocks, 0);
+  std::vector<TokenBlockId> created;
   // Lock every cached block first, so making room for new ones cannot evict them.
   bool run = true;
   for (std::size_t i = 0; i < p.keys.size(); ++i) {
@@ -502,6 +494,7 @@ Admission BlockManager::admit(const Pending& p) {
     const bool share = !cache_.contains(p.keys[i]);
     table[i] = create(static_cast<std::uint32_t>(i), share, p.keys[i]);
     share ? ++a.new_blocks : ++a.private_blocks;
+    if (share) created.push_back(table[i]);
   }
   for (std::uint32_t i = static_cast<std::uint32_t>(p.keys.size()); i < p.blocks; ++i) {
     table[i] = create(i, false, 0);
@@ -514,48 +507,37 @@ Admission BlockManager::admit(const Pending& p) {
   a.hit_tokens = std::uint64_t{a.hit_blocks} * cfg_.geometry.block_tokens;
 
   requests_.emplace(p.id, std::move(table));
-  ++st_.admitted;
-  admitted_slots_ += std::uint64_t{p.blocks} * groups_;
-  st_.prompt_tokens += p.prompt_tokens;
-  st_.lookup_blocks += p.keys.size();
-  st_.hit_blocks += a.hit_blocks;
-  st_.hit_tokens += a.hit_tokens;
-  st_.adopted_blocks += a.adopted_blocks;
-  for (int t = 0; t < kTiers; ++t) st_.hit_blocks_by_tier[t] += a.hit_blocks_by_tier[t];
-  st_.new_blocks += a.new_blocks;
-  st_.private_blocks += a.private_blocks;
-  st_.promoted_slots += a.promoted_slots;
-  st_.promoted_host_slots += a.promoted_host_slots;
+  account(p, a, true);
+  fresh_.push_back({p, a, from_queue, std::move(created)});
   st_.peak_running = std::max<std::uint64_t>(st_.peak_running, requests_.size());
   st_.peak_referenced_slots = std::max(st_.peak_referenced_slots, referenced_slots_);
   check_emergency();
   return a;
 }
 
+void BlockManager::account(const Pending& p, const Admission& a, bool add) {
+  auto f = [add](std::uint64_t& x, std::uint64_t v) { x = add ? x + v : x - v; };
+  f(st_.admitted, 1);
+  f(admitted_slots_, std::uint64_t{p.blocks} * groups_);
+  f(st_.prompt_tokens, p.prompt_tokens);
+  f(st_.lookup_blocks, p.keys.size());
+  f(st_.hit_blocks, a.hit_blocks);
+  f(st_.hit_tokens, a.hit_tokens);
+  f(st_.adopted_blocks, a.adopted_blocks);
+  for (int t = 0; t < kTiers; ++t) f(st_.hit_blocks_by_tier[t], a.hit_blocks_by_tier[t]);
+  f(st_.new_blocks, a.new_blocks);
+  f(st_.private_blocks, a.private_blocks);
+  f(st_.promoted_slots, a.promoted_slots);
+  f(st_.promoted_host_slots, a.promoted_host_slots);
+}
+
 void BlockManager::touch(const std::vector<TokenBlockId>& chain) {
   ++tick_;
-  const double now = static_cast<double>(tick_);
   double floor = -std::numeric_limits<double>::infinity();
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // last block first
     TokenBlock& b = blocks_.at(*it);  // referenced, so not listed: prio may change
-    ++b.freq;
-    double raw = 0;
-    switch (cfg_.policy) {
-      case EvictionPolicy::lru:
-        raw = now;
-        break;
-      case EvictionPolicy::lfu: {
-        const double h = cfg_.lfu_half_life;
-        b.decayed = b.decayed * std::exp2(-(now - static_cast<double>(b.last_tick)) / h) + 1;
-        raw = std::log2(b.decayed) + now / h;
-        break;
-      }
-      case EvictionPolicy::pgdsf:
-        raw = clock_ + static_cast<double>(b.freq) * cfg_.geometry.recompute_flops(b.index) /
-                           static_cast<double>(cfg_.geometry.token_block_bytes());
-        break;
-    }
-    b.last_tick = tick_;
+    ++b.use.freq;
+    const double raw = eviction_->priority(b.use, b.index, tick_);
     b.prio = std::max(raw, floor);  // Note [Eviction order]: a prefix never ranks below
     floor = b.prio;
   }
@@ -569,6 +551,7 @@ TokenBlockId BlockManager::create(std::uint32_t index, bool cached, std::uint64_
   b.index = index;
   b.refs = 1;
   b.tier.assign(groups_, Tier::ssd);  // placeholder until placed; not counted anywhere yet
+  b.absent.assign(groups_, 0);
   referenced_slots_ += groups_;
   if (cached) {
     cache_.emplace(key, id);
@@ -580,8 +563,9 @@ TokenBlockId BlockManager::create(std::uint32_t index, bool cached, std::uint64_
     ++used_[idx(t)];
     ++locked_[idx(t)];
     peak_[idx(t)] = std::max(peak_[idx(t)], used_[idx(t)]);
-    actions_.push_back({Action::Kind::allocate, Action::Reason::admit, block_id(id, g), t, t,
-                        cfg_.geometry.group_bytes(g)});
+    emit({Action::Kind::allocate, Action::Reason::admit, block_id(id, g), t, t,
+          cfg_.geometry.group_bytes(g)},
+         id, g);
   }
   return id;
 }
@@ -645,29 +629,33 @@ void BlockManager::move_slot(TokenBlockId tb, std::uint32_t g, Tier to, Action::
   }
   b.tier[g] = to;
   if (evictable(b)) victims_[idx(to)].insert({b.prio, b.index, tb, g});
-  actions_.push_back(
-      {Action::Kind::move, why, block_id(tb, g), from, to, cfg_.geometry.group_bytes(g)});
+  emit({Action::Kind::move, why, block_id(tb, g), from, to, cfg_.geometry.group_bytes(g)}, tb, g);
 }
 
 void BlockManager::drop(TokenBlockId tb, Action::Reason why) {
   TokenBlock& b = blocks_.at(tb);
-  if (b.refs > 0 || b.pinned) throw std::logic_error("kv: dropping a locked block");
+  // A damaged pinned block goes too (its data is gone); its key stays pinned.
+  if (b.refs > 0 || (b.pinned && !b.damaged)) throw std::logic_error("kv: dropping a locked block");
   if (b.cached) {
-    unlist(b, tb);
+    if (evictable(b)) unlist(b, tb);
     cache_.erase(b.key);
-    clock_ = std::max(clock_, b.prio);  // Note [Eviction order]: aging on leaving the cache
+    if (!b.damaged) eviction_->dropped(b.prio);  // Note [Eviction order]: aging
     ++st_.dropped_blocks;
   }
   for (std::uint32_t g = 0; g < groups_; ++g) {
+    if (b.absent[g]) continue;  // never allocated: nothing to free
     --used_[idx(b.tier[g])];
-    actions_.push_back({Action::Kind::free, why, block_id(tb, g), b.tier[g], b.tier[g],
-                        cfg_.geometry.group_bytes(g)});
+    if (b.pinned) --locked_[idx(b.tier[g])];
+    emit({Action::Kind::free, why, block_id(tb, g), b.tier[g], b.tier[g],
+          cfg_.geometry.group_bytes(g)},
+         tb, g);
   }
   blocks_.erase(tb);
 }
 
 void BlockManager::lock_delta(const TokenBlock& b, int delta) {
-  for (Tier t : b.tier) locked_[idx(t)] += static_cast<std::uint64_t>(delta);
+  for (std::uint32_t g = 0; g < groups_; ++g)
+    if (!b.absent[g]) locked_[idx(b.tier[g])] += static_cast<std::uint64_t>(delta);
 }
 
 void BlockManager::ref(TokenBlock& b, TokenBlockId id) {
@@ -685,12 +673,12 @@ void BlockManager::unref(TokenBlock& b, TokenBlockId id) {
 
 void BlockManager::list(const TokenBlock& b, TokenBlockId id) {
   for (std::uint32_t g = 0; g < groups_; ++g)
-    victims_[idx(b.tier[g])].insert({b.prio, b.index, id, g});
+    if (!b.absent[g]) victims_[idx(b.tier[g])].insert({b.prio, b.index, id, g});
 }
 
 void BlockManager::unlist(const TokenBlock& b, TokenBlockId id) {
   for (std::uint32_t g = 0; g < groups_; ++g)
-    victims_[idx(b.tier[g])].erase({b.prio, b.index, id, g});
+    if (!b.absent[g]) victims_[idx(b.tier[g])].erase({b.prio, b.index, id, g});
 }
 
 void BlockManager::check_emergency() {
@@ -774,9 +762,23 @@ std::vector<std::array<std::uint32_t, kTiers>> BlockManager::slots_by_group(Requ
   return out;
 }
 
-std::vector<Action> BlockManager::take_actions() {
+std::vector<Action> BlockManager::take_prepared() {
   std::vector<Action> out;
   out.swap(actions_);
+  return out;
+}
+
+std::vector<Action> BlockManager::take_actions() {
+  std::vector<Action> out = take_prepared();
+  for (const Action& a : out) complete(a.seq, Outcome::ok);
+  settle();
+  return out;
+}
+
+std::vector<Admission> BlockManager::admit_waiting() {
+  std::vector<Admission> out;
+  admit_queued(out);
+  check_emergency();
   return out;
 }
 
@@ -790,14 +792,282 @@ TierUse BlockManager::use(Tier t) const {
   return {cap_[idx(t)], used_[idx(t)], locked_[idx(t)], peak_[idx(t)]};
 }
 
+// ---------------------------------------------------------------- two-phase actions
+
+// Note [Two-phase actions]
+// A decision prepares actions; the driver carries them out and completes each with ok,
+// failed or lost (vLLM's offloading manager has the same shape: prepare_store/load, then
+// complete_store/load with success or not; TensorRT-LLM's transfer manager keeps the
+// pending transfers per block). The manager's state is the plan: where every slot rests once
+// its actions are done (used_, tier, the victim sets, the admission bounds), so decisions
+// are those of one-at-a-time execution. What is not done yet is kept beside it:
+//  - a slot being left (a move out, a free) stays held until that action completes ok:
+//    leaving_[t]. A take (an allocation, a move in) that finds its tier physically full
+//    (used + leaving - claimed = capacity) claims the oldest unclaimed leave of that tier
+//    and names it in after[1]: the driver starts it only once that leave is done;
+//  - actions on one slot run in order: after[0] names the previous pending one;
+//  - failed or lost: the slot stays where it was (a move), or holds no slot (an
+//    allocation: the block is damaged). Every action that waited for it is cancelled first,
+//    latest first: a take promised its vacancy, a later move of the same slot. A later free
+//    of the same slot (its block was dropped meanwhile) is not cancelled but re-homed to the
+//    tier the slot is really in. complete() returns the cancelled seqs; the driver drops
+//    them unstarted (nothing starts before what it waits for is completed);
+//  - settle(), once the admission-critical actions (allocations, promotions from SSD) are
+//    completed, rolls back each admission left without all its slots in memory: its private
+//    blocks are freed (reason abort), its shared ones unreferenced, the cached blocks it
+//    created damaged (their KV will never be computed, so an admission that hit them in
+//    the same batch is rolled back too), its counters taken back,
+//    and the request goes back to the front of the queue, or to the caller of submit() as
+//    aborted. Damaged blocks are dropped once nobody references them, so no later request
+//    hits KV that is missing or lost. A promotion from DRAM to HBM is not critical: if it
+//    fails, the slot stays in DRAM, which compute reads too.
+// With every action completed ok in order (take_actions()), the state is exactly that of
+// applying them one by one, so the simulator and the tests see the decisions they did.
+
+void BlockManager::emit(Action a, TokenBlockId tb, std::uint32_t g) {
+  a.seq = next_seq_++;
+  Op op{a, tb, g};
+  auto last = slot_last_.find(a.block);
+  if (last != slot_last_.end()) {
+    op.prev = last->second;
+    ops_.at(op.prev).next = a.seq;
+    last->second = a.seq;
+  } else {
+    slot_last_.emplace(a.block, a.seq);
+  }
+  op.a.after[0] = op.prev;
+  if (a.kind != Action::Kind::free) {  // a take: is its slot physically free yet?
+    const int t = idx(a.to);
+    if (used_[t] + leaving_[t] - claimed_[t] > cap_[t]) {
+      if (credits_[t].empty()) throw std::logic_error("kv: a take with no slot to wait for");
+      op.claim = credits_[t].front();
+      credits_[t].pop_front();
+      ++claimed_[t];
+      ops_.at(op.claim).claimer = a.seq;
+      op.a.after[1] = op.claim;
+    }
+  }
+  if (a.kind != Action::Kind::allocate) {  // a leave: held until it completes
+    const int f = idx(a.from);
+    ++leaving_[f];
+    credits_[f].push_back(a.seq);
+  }
+  actions_.push_back(op.a);
+  ops_.emplace(a.seq, std::move(op));
+}
+
+void BlockManager::uncredit(int t, std::uint64_t seq) {
+  auto it = std::find(credits_[t].begin(), credits_[t].end(), seq);
+  if (it == credits_[t].end()) throw std::logic_error("kv: a pending leave lost its credit");
+  credits_[t].erase(it);
+}
+
+std::vector<std::uint64_t> BlockManager::complete(std::uint64_t seq, Outcome outcome) {
+  auto it = ops_.find(seq);
+  if (it == ops_.end())
+    throw std::invalid_argument(fmt::format("kv: no pending action {}", seq));
+  Op& op = it->second;
+  if (op.prev || op.claim)
+    throw std::logic_error(fmt::format("kv: action {} completed before action {}, which it waits for",
+                                       seq, op.prev ? op.prev : op.claim));
+  std::vector<std::uint64_t> cancelled;
+  if (outcome == Outcome::ok) {
+    if (op.a.kind != Action::Kind::allocate) {  // a leave: its slot is free now
+      const int f = idx(op.a.from);
+      --leaving_[f];
+      if (op.claimer) {
+        ops_.at(op.claimer).claim = 0;
+        --claimed_[f];
+      } else {
+        uncredit(f, seq);
+      }
+    }
+    if (op.next) ops_.at(op.next).prev = 0;
+    auto last = slot_last_.find(op.a.block);
+    if (last != slot_last_.end() && last->second == seq) slot_last_.erase(last);
+    ops_.erase(it);
+    return cancelled;
+  }
+  if (op.a.kind == Action::Kind::free)
+    throw std::invalid_argument(
+        fmt::format("kv: action {} is a free, which cannot fail: the driver retries it", seq));
+  ++st_.failed_actions;
+  if (outcome == Outcome::lost && blocks_.contains(op.tb)) damage(op.tb);
+  revert(seq, cancelled);
+  return cancelled;
+}
+
+void BlockManager::cancel(std::uint64_t seq, std::vector<std::uint64_t>& cancelled) {
+  cancelled.push_back(seq);
+  ++st_.cancelled_actions;
+  revert(seq, cancelled);
+}
+
+void BlockManager::revert(std::uint64_t seq, std::vector<std::uint64_t>& cancelled) {
+  // Later moves of the same slot first, latest first; a later free stays (its block is gone).
+  for (;;) {
+    const std::uint64_t nx = ops_.at(seq).next;
+    if (!nx || ops_.at(nx).a.kind == Action::Kind::free) break;
+    cancel(nx, cancelled);
+  }
+  const Op op = ops_.at(seq);
+  const Action& a = op.a;
+  const std::uint64_t free_next = op.next;
+  if (op.prev) ops_.at(op.prev).next = free_next;
+  if (free_next)
+    ops_.at(free_next).prev = op.prev;
+  else if (op.prev)
+    slot_last_[a.block] = op.prev;
+  else
+    slot_last_.erase(a.block);
+  const int t = idx(a.to);
+  if (op.claim) {  // the vacancy it was promised goes back, still pending
+    ops_.at(op.claim).claimer = 0;
+    --claimed_[t];
+    credits_[t].push_front(op.claim);
+  }
+  ops_.erase(seq);
+  if (a.kind == Action::Kind::move) {
+    const int f = idx(a.from);
+    --leaving_[f];  // the slot it was leaving stays taken
+    if (op.claimer) {
+      ops_.at(op.claimer).claim = 0;
+      --claimed_[f];
+      cancel(op.claimer, cancelled);
+    } else {
+      uncredit(f, seq);
+    }
+    if (free_next)
+      rehome_free(free_next, a.from, cancelled);
+    else if (blocks_.contains(op.tb))
+      retier(op.tb, op.g, a.from);
+  } else if (!free_next && blocks_.contains(op.tb)) {  // an allocation: no slot after all
+    damage(op.tb);
+    TokenBlock& b = blocks_.at(op.tb);
+    --used_[t];
+    if (locked(b)) --locked_[t];
+    b.absent[op.g] = 1;
+  }
+}
+
+void BlockManager::rehome_free(std::uint64_t seq, Tier to,
+                               std::vector<std::uint64_t>& cancelled) {
+  const int was = idx(ops_.at(seq).a.from);
+  --leaving_[was];
+  if (const std::uint64_t p = ops_.at(seq).claimer) {
+    ops_.at(seq).claimer = 0;
+    ops_.at(p).claim = 0;
+    --claimed_[was];
+    cancel(p, cancelled);
+  } else {
+    uncredit(was, seq);
+  }
+  Op& z = ops_.at(seq);
+  z.a.from = z.a.to = to;
+  ++leaving_[idx(to)];
+  credits_[idx(to)].push_back(seq);
+}
+
+void BlockManager::retier(TokenBlockId tb, std::uint32_t g, Tier to) {
+  TokenBlock& b = blocks_.at(tb);
+  const Tier from = b.tier[g];
+  const bool listed = evictable(b);
+  if (listed) victims_[idx(from)].erase({b.prio, b.index, tb, g});
+  --used_[idx(from)];
+  ++used_[idx(to)];
+  if (locked(b)) {
+    --locked_[idx(from)];
+    ++locked_[idx(to)];
+  }
+  b.tier[g] = to;
+  if (listed) victims_[idx(to)].insert({b.prio, b.index, tb, g});
+}
+
+void BlockManager::damage(TokenBlockId tb) {
+  TokenBlock& b = blocks_.at(tb);
+  if (b.damaged) return;
+  if (evictable(b)) unlist(b, tb);
+  b.damaged = true;
+  ++st_.damaged_blocks;
+  damaged_.push_back(tb);
+}
+
+void BlockManager::lost(BlockId block) {
+  const TokenBlockId tb = block / kMaxGroups;
+  auto it = blocks_.find(tb);
+  if (it == blocks_.end()) return;
+  damage(tb);
+  if (it->second.refs == 0) drop(tb, Action::Reason::abort);
+}
+
+std::vector<RequestId> BlockManager::settle() {
+  std::vector<RequestId> refused;
+  std::vector<Pending> requeue;
+  std::vector<Fresh> fresh;
+  fresh.swap(fresh_);
+  for (const Fresh& f : fresh) {
+    auto rq = requests_.find(f.p.id);
+    if (rq == requests_.end()) continue;  // already finished
+    bool holds = true;
+    for (TokenBlockId tb : rq->second) {
+      const TokenBlock& b = blocks_.at(tb);
+      holds = holds && !b.damaged;
+      for (std::uint32_t g = 0; g < groups_; ++g) {
+        auto last = slot_last_.find(block_id(tb, g));
+        for (std::uint64_t s = last == slot_last_.end() ? 0 : last->second; s; s = ops_.at(s).prev)
+          if (admission_critical(ops_.at(s).a))
+            throw std::logic_error(
+                fmt::format("kv: settle() before action {} of request {} completed", s, f.p.id));
+        holds = holds && !b.absent[g] && b.tier[g] != Tier::ssd;
+      }
+    }
+    if (holds) continue;
+    // Its new cached blocks will never be computed: a later request must not hit them, and
+    // one admitted with it that did is rolled back too (it comes later in fresh_).
+    for (TokenBlockId tb : f.created) damage(tb);
+    const std::vector<TokenBlockId> table = std::move(rq->second);
+    requests_.erase(rq);
+    for (TokenBlockId tb : table) {
+      TokenBlock& b = blocks_.at(tb);
+      unref(b, tb);
+      if (!b.cached) drop(tb, Action::Reason::abort);
+    }
+    account(f.p, f.a, false);
+    ++st_.aborted_admissions;
+    if (f.from_queue)
+      requeue.push_back(f.p);
+    else
+      refused.push_back(f.p.id);
+  }
+  // Damaged blocks nobody references go now: no later request may hit them.
+  std::vector<TokenBlockId> keep;
+  for (TokenBlockId tb : damaged_) {
+    auto it = blocks_.find(tb);
+    if (it == blocks_.end()) continue;
+    if (it->second.refs > 0)
+      keep.push_back(tb);
+    else
+      drop(tb, Action::Reason::abort);
+  }
+  damaged_.swap(keep);
+  for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) queue_.push_front(*it);
+  check_emergency();
+  return refused;
+}
+
 void BlockManager::check_invariants() const {
   auto fail = [](const std::string& what) { throw std::logic_error("kv invariant: " + what); };
   std::array<std::uint64_t, kTiers> used{}, lockd{};
   std::array<std::size_t, kTiers> victims{};
   std::uint64_t referenced = 0;
-  std::unordered_map<TokenBlockId, std::uint32_t> refs;
+  std::unordered_map<TokenBlockId, std::uint32_t> refs, settled_refs;
+  std::unordered_set<RequestId> fresh;  // admitted, not settled: may lack slots until settle()
+  for (const Fresh& f : fresh_) fresh.insert(f.p.id);
   for (const auto& [rid, table] : requests_)
-    for (TokenBlockId tb : table) ++refs[tb];
+    for (TokenBlockId tb : table) {
+      ++refs[tb];
+      if (!fresh.contains(rid)) ++settled_refs[tb];
+    }
   for (const auto& [id, b] : blocks_) {
     if (b.tier.size() != groups_) fail("tier vector size");
     if (refs[id] != b.refs)
@@ -809,11 +1079,17 @@ void BlockManager::check_invariants() const {
     }
     if (b.pinned != (b.cached && pins_.contains(b.key))) fail("pin flag disagrees with pins");
     if (b.refs > 0) referenced += groups_;
+    if (b.absent.size() != groups_) fail("absent vector size");
     for (std::uint32_t g = 0; g < groups_; ++g) {
+      if (b.absent[g]) {
+        if (!b.damaged) fail(fmt::format("block {} group {} absent but not damaged", id, g));
+        if (settled_refs[id]) fail(fmt::format("block {} of a running request has no slot", id));
+        continue;
+      }
       const int t = idx(b.tier[g]);
       ++used[t];
       if (locked(b)) ++lockd[t];
-      if (b.refs > 0 && b.tier[g] == Tier::ssd) fail("a referenced block rests on SSD");
+      if (settled_refs[id] && b.tier[g] == Tier::ssd) fail("a referenced block rests on SSD");
       const bool listed = victims_[t].contains({b.prio, b.index, id, g});
       if (listed != evictable(b)) fail(fmt::format("block {} group {} victim listing", id, g));
       victims[t] += listed;
@@ -828,6 +1104,34 @@ void BlockManager::check_invariants() const {
     if (victims[t] != victims_[t].size()) fail(fmt::format("tier {} stray victims", t));
   }
   if (referenced != referenced_slots_) fail("referenced slots");
+  // Note [Two-phase actions]: pending leaves, their claims, and the slots physically held.
+  std::array<std::uint64_t, kTiers> leaving{}, claimed{};
+  for (const auto& [seq, op] : ops_) {
+    if (op.a.seq != seq) fail(fmt::format("action {} filed as {}", op.a.seq, seq));
+    if (op.a.kind != Action::Kind::allocate) {
+      ++leaving[idx(op.a.from)];
+      if (op.claimer) {
+        ++claimed[idx(op.a.from)];
+        if (!ops_.contains(op.claimer) || ops_.at(op.claimer).claim != seq)
+          fail(fmt::format("action {}: its claimer {} does not name it", seq, op.claimer));
+      }
+    }
+    if (op.claim && (!ops_.contains(op.claim) || ops_.at(op.claim).claimer != seq))
+      fail(fmt::format("action {}: the leave {} it claims does not name it", seq, op.claim));
+    if (op.next && (!ops_.contains(op.next) || ops_.at(op.next).prev != seq))
+      fail(fmt::format("action {}: broken slot chain", seq));
+  }
+  for (const auto& [block, seq] : slot_last_)
+    if (!ops_.contains(seq) || ops_.at(seq).a.block != block || ops_.at(seq).next)
+      fail(fmt::format("slot {}: last action {} is not pending or not last", block, seq));
+  for (int t = 0; t < kTiers; ++t) {
+    if (leaving[t] != leaving_[t] || claimed[t] != claimed_[t])
+      fail(fmt::format("tier {} leaving {}/{} claimed {}/{}", t, leaving_[t], leaving[t],
+                       claimed_[t], claimed[t]));
+    if (credits_[t].size() != leaving_[t] - claimed_[t]) fail(fmt::format("tier {} credits", t));
+    if (used_[t] + leaving_[t] - claimed_[t] > cap_[t])
+      fail(fmt::format("tier {} physically over capacity", t));
+  }
   const std::uint64_t limit = overcommit_limit_slots();
   if (limit && referenced_slots_ > limit) fail("overcommit cap exceeded");
   if (pins_.size() * groups_ > cfg_.pin_budget_slots) fail("pin budget exceeded");

@@ -1,5 +1,6 @@
 #include "u3m/kv/tiered_store.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -23,31 +24,43 @@ namespace u3m::kv {
 //  - a larger device cap would make the budget a lie: the engine's measured device peak is
 //    the figure we report (peak_kv_device_bytes in the Python KV cache), and it is bounded by
 //    the budget only because the engine's cap is the manager's;
-//  - the one extra host slot is the staging copy of a promotion from SSD to HBM, which the
-//    engine routes through host (s2h, then h2d) while the manager has already counted the
-//    block in HBM. Moves run one at a time (Note [Actions in order]), so one slot suffices;
-//    the clean host copy is dropped as soon as the block lands in HBM.
-// With that, the engine's use of each tier equals slot_bytes times the written blocks the
-// manager has there, between actions; check_agreement() verifies it. An accounting error
+//  - the extra host slots (staging_slots) are the staging copies of promotions from SSD to
+//    HBM, which the engine routes through host (s2h, then h2d) while the manager counts the
+//    block in HBM only; at most that many run at once, and each clean host copy is dropped as
+//    soon as its block lands in HBM.
+// A take starts only once the slot it takes is physically free (Note [Two-phase actions] in
+// block_manager.cpp), so the engine never holds more than the manager's slots. With nothing
+// pending, its use of each tier equals slot_bytes times the manager's slots there (every
+// allocation is a real one: a write lease at once, so a block reserved for decode tokens
+// holds its bytes as the manager counts it); check_agreement() verifies it. An accounting error
 // would show as an engine out_of_memory error, never as a silent migration. The SSD store
 // holds at most one copy per live block, and live blocks never exceed the three tiers' slots,
 // so it is sized for all of them and never has to evict (an SSD copy may outlive a
 // promotion, clean, until the block is written or freed).
 //
-// Note [Actions in order]
-// The manager emits actions in an order that is safe when each finishes before the next
-// starts: a victim leaves a tier before a block takes its slot. The driver therefore waits
-// for each move: a move to a memory tier is a prefetch followed by a read acquire (which
-// waits for the prefetch to land) and a clean drop of the other memory copy; a move to SSD
-// is an evict followed by drain(). Only one memory copy of a block ever exists, so compute
-// can read a block where it rests (HBM, or DRAM streamed) without either tier exceeding its
-// budget. Batching the moves would overlap them but needs the engine to accept a destination
-// that frees up only when an earlier transfer lands; left for the layer-wise prefetch.
-//
-// Note [Lazy allocation]
-// `allocate` only registers the tensor (Engine::add): its first lease allocates it in the
-// tier the block rests in then. A block that was never written has no engine copy to move,
-// so its moves are bookkeeping only; the engine's use counts written blocks.
+// Note [Pending transfers]
+// The store carries out the manager's prepared actions asynchronously, each tracked per block
+// until the manager is told its outcome (TensorRT-LLM's KV transfer manager keeps pending
+// reads and writes per block and syncs a block before reusing it; vLLM's offloading worker
+// reports each transfer job's success when it finishes). An action starts once the actions
+// it waits for (Action::after) are completed, with non-blocking engine calls:
+//   allocate         add, then a write try_acquire in its tier (allocated at once)
+//   move to memory   a read try_acquire in the target tier (the engine fetches it, from SSD
+//                    through host), then a clean evict of the other memory copy
+//   move to SSD      evict from host; done when only the SSD copy is left, failed when the
+//                    eviction ended with the host copy still there (Note [Upper copy until
+//                    the lower is confirmed] in engine.cpp), tried again up to `attempts`
+//   free             remove; busy is tried again
+// and is polled after each engine change (epoch / wait_for_change, never a timeout). A failed
+// try_acquire, a write-back that failed every attempt, or an injected fault completes it as
+// failed (lost if the engine says no copy is left), and the manager rolls it back with what
+// waited for it. Each call of the store first waits until nothing is pending (the manager
+// decides on settled state), then submits its actions and waits only for the admission-
+// critical ones (allocations, promotions from SSD) and what they wait for: admissions are
+// final when the call returns, and settle() rolls back those that failed. Demotions, spills,
+// frees and promotions from DRAM to HBM go on while the caller reads and writes other blocks;
+// a read or write of a block waits for that block's pending actions only. The manager's
+// eviction decides every move: the engine never evicts on its own (Note [Capacities agree]).
 
 namespace {
 
@@ -66,6 +79,9 @@ Tier other_memory(Tier t) {
 int idx(Tier t) {
   return static_cast<int>(t);
 }
+bool staged(const Action& a) {
+  return a.kind == Action::Kind::move && a.from == Tier::ssd && a.to == Tier::device;
+}
 
 }  // namespace
 
@@ -77,12 +93,14 @@ engine::RealStackOptions TieredStore::stack_options(const KvConfig& c,
     input_error("kv store",
                 "capacity_slots[host] must be > 0: the engine stages SSD moves "
                 "through host memory");
+  if (o.staging_slots == 0) input_error("kv store", "staging_slots must be >= 1");
+  if (o.attempts == 0) input_error("kv store", "attempts must be >= 1");
   const std::uint64_t slot = c.geometry.slot_bytes();
   engine::RealStackOptions r;
   r.ssd_file = "u3m-kv.ssd";
   r.device_bytes = c.capacity_slots[idx(Tier::device)] * slot;  // Note [Capacities agree]
-  // One more host slot: a promotion from SSD to HBM passes through host (Note [Capacities agree]).
-  r.host_bytes = (c.capacity_slots[idx(Tier::host)] + 1) * slot;
+  // Staging slots: promotions from SSD to HBM pass through host (Note [Capacities agree]).
+  r.host_bytes = (c.capacity_slots[idx(Tier::host)] + o.staging_slots) * slot;
   if (c.capacity_slots[idx(Tier::ssd)]) {
     const std::uint64_t all = c.capacity_slots[0] + c.capacity_slots[1] + c.capacity_slots[2];
     const std::uint64_t per =
@@ -101,112 +119,291 @@ engine::RealStackOptions TieredStore::stack_options(const KvConfig& c,
 TieredStore::TieredStore(KvConfig config, TieredStoreOptions options)
     : bm_(std::move(config)),
       slot_bytes_(bm_.config().geometry.slot_bytes()),
-      stack_(stack_options(bm_.config(), options)),
-      opt_(std::move(options)) {
+      opt_(std::move(options)),
+      stack_(stack_options(bm_.config(), opt_)) {
   // Note [Capacities agree]: the engine never picks a victim itself.
   stack_.engine().set_victim_order(engine::Engine::VictimOrder::owner);
 }
 
-TieredStore::~TieredStore() = default;
+TieredStore::~TieredStore() {
+  try {
+    drain();
+  } catch (...) {  // the engine's destructor waits for its transfers anyway
+  }
+}
 
 SubmitResult TieredStore::submit(RequestId id, const workload::ServeRequest& r, Admission* out) {
-  const SubmitResult s = bm_.submit(id, r, out);
-  apply();
+  drain();
+  SubmitResult s = bm_.submit(id, r, out);
+  const std::vector<RequestId> refused = execute();
+  if (s == SubmitResult::admitted && std::find(refused.begin(), refused.end(), id) != refused.end())
+    s = SubmitResult::aborted;
   return s;
 }
 
 std::vector<Admission> TieredStore::finish(RequestId id) {
+  drain();
   std::vector<Admission> a = bm_.finish(id);
-  apply();
-  return a;
+  execute();
+  return settled(std::move(a));
+}
+
+std::vector<Admission> TieredStore::admit_waiting() {
+  drain();
+  std::vector<Admission> a = bm_.admit_waiting();
+  execute();
+  return settled(std::move(a));
+}
+
+std::vector<Admission> TieredStore::settled(std::vector<Admission> adm) {
+  std::erase_if(adm, [&](const Admission& a) { return !bm_.running(a.id); });
+  return adm;
 }
 
 std::uint64_t TieredStore::spill(std::uint64_t budget_bytes) {
+  drain();
   const std::uint64_t b = bm_.spill(budget_bytes);
-  apply();
+  execute();
   return b;
 }
 
 bool TieredStore::pin_prefix(const std::vector<workload::PromptSegment>& prefix) {
+  drain();
   const bool ok = bm_.pin_prefix(prefix);
-  apply();
+  execute();
   return ok;
 }
 
-void TieredStore::apply() {
-  for (const Action& a : bm_.take_actions()) apply(a);
+void TieredStore::enqueue() {
+  for (const Action& a : bm_.take_prepared()) {
+    pending_.emplace(a.seq, Exec{a});
+    ++block_pending_[a.block];
+  }
+  st_.peak_pending = std::max<std::uint64_t>(st_.peak_pending, pending_.size());
+}
+
+std::vector<RequestId> TieredStore::execute() {
+  enqueue();
+  wait_until([&] {
+    return std::none_of(pending_.begin(), pending_.end(),
+                        [](const auto& p) { return admission_critical(p.second.a); });
+  });
+  const std::vector<RequestId> refused = bm_.settle();
+  st_.aborted += refused.size();
+  enqueue();  // the frees of rolled-back admissions and damaged blocks
+  pump();
   if (opt_.check_every_step) check_agreement();
+  return refused;
 }
 
-void TieredStore::apply(const Action& a) {
+void TieredStore::drain() {
+  wait_until([&] { return pending_.empty(); });
+  reap_lost();
+}
+
+// An SSD copy the store's scrubber (or a failed read) found corrupt is gone, and the engine
+// reports its tensor lost if that was the only copy (Note [Verified before dropped] in
+// engine.cpp). Only unreferenced cached blocks rest on SSD, so that costs a recompute, never
+// an admitted request's KV: the manager drops the block, and the next call frees it.
+void TieredStore::reap_lost() {
+  const std::uint64_t now = stack_.engine().stats().lost_tensors;
+  if (now == lost_seen_) return;
+  lost_seen_ = now;
+  for (const auto& [id, tier] : live_) {
+    const auto r = stack_.engine().residency(id);
+    if (!r || !r->lost || block_pending_.contains(id)) continue;
+    if (tier != Tier::ssd)
+      throw std::runtime_error(
+          fmt::format("kv store: block {} in {} lost by the engine", id, mem::to_string(tier)));
+    bm_.lost(id);
+    ++st_.lost_at_rest;
+  }
+}
+
+bool TieredStore::ready(const Action& a) const {
+  for (std::uint64_t d : a.after)
+    if (d && pending_.contains(d)) return false;
+  return !staged(a) || staging_ < opt_.staging_slots;
+}
+
+void TieredStore::wait_until(const std::function<bool()>& done) {
   engine::Engine& e = stack_.engine();
+  for (;;) {
+    const std::uint64_t seen = e.epoch();
+    const bool changed = pump();
+    if (done()) return;
+    if (changed) continue;
+    if (std::none_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.started; }))
+      throw std::logic_error("kv store: waiting for actions none of which can start");
+    if (e.wait_for_change(seen) == mem::Status::out_of_memory) {
+      // The engine can make no progress (Note [No progress] in engine.cpp): what is waiting
+      // for room will not get it. Those actions fail and are rolled back.
+      std::vector<std::uint64_t> stuck;
+      for (const auto& [seq, x] : pending_)
+        if (x.started && x.a.kind != Action::Kind::free &&
+            !(x.a.kind == Action::Kind::move && x.a.to == Tier::ssd))
+          stuck.push_back(seq);
+      if (stuck.empty()) check(mem::Status::out_of_memory, "wait", 0);
+      for (std::uint64_t seq : stuck)
+        if (pending_.contains(seq)) resolve(seq, Outcome::failed);
+    }
+  }
+}
+
+bool TieredStore::pump() {
+  bool changed = false;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const std::uint64_t seq = it->first;
+    const bool was_started = it->second.started;
+    const unsigned attempts = it->second.attempts;
+    const std::optional<Outcome> o = step(it->second);
+    changed = changed || it->second.started != was_started || it->second.attempts != attempts;
+    if (!o) {
+      ++it;
+      continue;
+    }
+    resolve(seq, *o);  // erases seq and what the manager cancelled (later seqs)
+    changed = true;
+    it = pending_.upper_bound(seq);
+  }
+  return changed;
+}
+
+void TieredStore::resolve(std::uint64_t seq, Outcome o) {
+  auto it = pending_.find(seq);
+  const Exec x = it->second;
+  pending_.erase(it);
+  if (x.staged) --staging_;
+  if (--block_pending_[x.a.block] == 0) block_pending_.erase(x.a.block);
+  if (o == Outcome::ok) {
+    switch (x.a.kind) {
+      case Action::Kind::allocate:
+        ++st_.allocated;
+        break;
+      case Action::Kind::move:
+        ++st_.moved;
+        st_.moved_bytes += slot_bytes_;
+        break;
+      case Action::Kind::free:
+        ++st_.freed;
+        break;
+    }
+  } else {
+    ++(o == Outcome::lost ? st_.lost : st_.failed);
+  }
+  for (std::uint64_t c : bm_.complete(seq, o)) {
+    auto ct = pending_.find(c);
+    if (ct == pending_.end()) continue;
+    if (ct->second.started)
+      throw std::logic_error(fmt::format("kv store: the manager cancelled action {}, started", c));
+    if (--block_pending_[ct->second.a.block] == 0) block_pending_.erase(ct->second.a.block);
+    pending_.erase(ct);
+    ++st_.cancelled;
+  }
+}
+
+std::optional<Outcome> TieredStore::step(Exec& x) {
+  engine::Engine& e = stack_.engine();
+  const Action& a = x.a;
   const engine::TensorId id = a.block;
+  if (!x.started) {
+    if (!ready(a)) return std::nullopt;
+    x.started = true;
+    ++x.attempts;
+    if (opt_.inject && opt_.inject(a)) {
+      ++st_.injected;
+      if (a.kind != Action::Kind::free) {
+        if (a.kind == Action::Kind::allocate) live_.erase(id);
+        return Outcome::failed;
+      }
+      x.started = false;  // a free is tried again
+      if (x.attempts >= opt_.attempts)
+        throw std::runtime_error(
+            fmt::format("kv store: free of block {} failed {} times", id, x.attempts));
+      ++st_.retried;
+      return std::nullopt;
+    }
+    if (staged(a)) {
+      ++staging_;
+      x.staged = true;
+    }
+    switch (a.kind) {
+      case Action::Kind::allocate:
+        check(e.add(id, slot_bytes_), "add", id);
+        break;
+      case Action::Kind::move:
+        if (!live_.contains(id))
+          throw std::logic_error(fmt::format("kv store: move of unknown block {}", id));
+        if (a.to == Tier::ssd) {
+          const mem::Status s = e.evict(id, a.from);
+          if (s == mem::Status::busy) x.started = false;  // moving: ask again
+          else if (!mem::ok(s)) return Outcome::failed;
+          return std::nullopt;
+        }
+        break;
+      case Action::Kind::free:
+        break;
+    }
+  }
   switch (a.kind) {
-    case Action::Kind::allocate:
-      check(e.add(id, slot_bytes_), "add", id);  // Note [Lazy allocation]
+    case Action::Kind::allocate: {
+      engine::Lease l;
+      const mem::Status s = e.try_acquire(id, a.to, engine::Access::write, &l);
+      if (s == mem::Status::busy) return std::nullopt;
+      if (!mem::ok(s)) {
+        e.remove(id);  // no slot for it: the manager forgets it too
+        return Outcome::failed;
+      }
+      check(e.release(l), "release", id);
       live_[id] = a.to;
-      ++st_.allocated;
-      return;
+      return Outcome::ok;
+    }
     case Action::Kind::move: {
-      auto it = live_.find(id);
-      if (it == live_.end())
-        throw std::logic_error(fmt::format("kv store: move of unknown block {}", id));
-      if (a.to == Tier::ssd)
-        move_to_ssd(id, a.from);
-      else
-        move_to_memory(id, a.to);
-      it->second = a.to;
-      ++st_.moved;
-      return;
+      if (a.to == Tier::ssd) {
+        const auto r = e.residency(id);
+        if (r->in_flight || r->leaving[idx(a.from)]) return std::nullopt;
+        if (!r->valid[idx(a.from)] && r->valid[idx(Tier::ssd)]) {
+          live_[id] = Tier::ssd;
+          return Outcome::ok;
+        }
+        if (!r->valid[idx(a.from)]) return Outcome::lost;
+        // The write-back failed and the upper copy stayed: try again, a few times.
+        if (x.attempts >= opt_.attempts) return Outcome::failed;
+        ++st_.retried;
+        x.started = false;
+        return std::nullopt;
+      }
+      if (!x.landed) {
+        engine::Lease l;
+        const mem::Status s = e.try_acquire(id, a.to, engine::Access::read, &l);
+        if (s == mem::Status::busy) return std::nullopt;
+        if (!mem::ok(s)) return e.residency(id)->lost ? Outcome::lost : Outcome::failed;
+        check(e.release(l), "release", id);
+        x.landed = true;
+      }
+      const Tier other = other_memory(a.to);
+      if (e.residency(id)->valid[idx(other)]) {  // the clean copy it came from
+        const mem::Status s = e.evict(id, other);
+        if (s == mem::Status::busy) return std::nullopt;  // moving meanwhile: drop it later
+        check(s, "drop", id);
+        if (e.residency(id)->valid[idx(other)]) return std::nullopt;  // being verified
+      }
+      live_[id] = a.to;
+      return Outcome::ok;
     }
-    case Action::Kind::free:
-      check(e.remove(id), "remove", id);
+    case Action::Kind::free: {
+      const mem::Status s = e.remove(id);
+      if (s == mem::Status::busy) return std::nullopt;
+      if (!mem::ok(s) && s != mem::Status::not_found) check(s, "remove", id);
       live_.erase(id);
-      ++st_.freed;
-      return;
-  }
-}
-
-void TieredStore::move_to_memory(engine::TensorId id, Tier to) {
-  engine::Engine& e = stack_.engine();
-  auto r = e.residency(id);
-  if (!r->valid[0] && !r->valid[1] && !r->valid[2]) return;  // never written
-  check(e.prefetch(id, to), "prefetch", id);
-  engine::Lease l;  // waits for the prefetch: Note [Actions in order]
-  check(e.acquire(id, to, engine::Access::read, &l), "fetch", id);
-  check(e.release(l), "release", id);
-  const Tier other = other_memory(to);
-  if (e.residency(id)->valid[idx(other)]) check(e.evict(id, other), "drop", id);  // clean
-  st_.moved_bytes += slot_bytes_;
-}
-
-void TieredStore::move_to_ssd(engine::TensorId id, Tier from) {
-  engine::Engine& e = stack_.engine();
-  auto r = e.residency(id);
-  if (!r->valid[idx(from)]) return;  // never written (or already clean on SSD)
-  // A failed write-back (an I/O error, or a write the store's read-back
-  // caught) leaves the upper copy valid (Note [Upper copy until the lower is
-  // confirmed] in engine.cpp), so it is tried again; a disk that fails every
-  // attempt is an error the caller sees.
-  constexpr int kAttempts = 8;
-  for (int attempt = 0; attempt < kAttempts; ++attempt) {
-    check(e.evict(id, from), "evict", id);
-    e.drain();
-    r = e.residency(id);
-    if (!r->valid[0] && !r->valid[1] && r->valid[idx(Tier::ssd)]) {
-      st_.moved_bytes += slot_bytes_;
-      return;
+      return Outcome::ok;
     }
-    if (!r->valid[idx(from)])
-      throw std::logic_error(fmt::format("kv store: block {} lost its only copy", id));
   }
-  throw std::runtime_error(
-      fmt::format("kv store: write-back of block {} to SSD failed {} times; the block stays in {}",
-                  id, kAttempts, mem::to_string(from)));
+  return std::nullopt;
 }
 
 engine::TensorId TieredStore::locate(RequestId id, std::uint32_t block, std::uint32_t group,
-                                     std::uint64_t offset, std::uint64_t len, Tier* tier) const {
+                                     std::uint64_t offset, std::uint64_t len, Tier* tier) {
   if (!bm_.running(id))
     throw std::out_of_range(fmt::format("kv store: request {} is not running", id));
   const auto& table = bm_.table(id);
@@ -220,10 +417,16 @@ engine::TensorId TieredStore::locate(RequestId id, std::uint32_t block, std::uin
   if (offset > g.group_bytes(group) || len > g.group_bytes(group) - offset)
     throw std::out_of_range(fmt::format("kv store: bytes [{}, {}) past group {}'s {} bytes", offset,
                                         offset + len, group, g.group_bytes(group)));
+  const engine::TensorId t = block_id(table[block], group);
+  pump();  // background actions move on with every access
+  if (block_pending_.contains(t)) {  // wait for this block only
+    ++st_.block_waits;
+    wait_until([&] { return !block_pending_.contains(t); });
+  }
   *tier = bm_.slot_tier(table[block], group);
   if (*tier == Tier::ssd)  // the manager promotes every referenced block at admission
     throw std::logic_error(fmt::format("kv store: request {} block {} rests on SSD", id, block));
-  return block_id(table[block], group);
+  return t;
 }
 
 void TieredStore::write(RequestId id, std::uint32_t block, std::uint32_t group,
@@ -259,6 +462,7 @@ void TieredStore::check_agreement() const {
   for (const auto& entry : live_) {
     const engine::TensorId id = entry.first;  // not a structured binding: the lambda uses it
     const Tier tier = entry.second;
+    if (block_pending_.contains(id)) continue;  // its action is still under way
     const TokenBlockId tb = id / kMaxGroups;
     const auto g = static_cast<std::uint32_t>(id % kMaxGroups);
     const Tier says = bm_.slot_tier(tb, g);
@@ -269,20 +473,27 @@ void TieredStore::check_agreement() const {
     if (says != tier) fail("the driver missed a move");
     auto r = e.residency(id);
     if (!r) fail("not registered in the engine");
+    // Lost at rest on SSD (the scrubber runs in the background): reaped at the next call.
+    if (r->lost && tier == Tier::ssd) continue;
     if (r->lost) fail("lost by the engine");
     if (r->in_flight) fail("still moving after its action");
     if (r->valid[0] && r->valid[1]) fail("two memory copies");
-    const bool written = r->valid[0] || r->valid[1] || r->valid[2];
-    if (!written) continue;  // Note [Lazy allocation]
     if (!r->valid[idx(tier)]) fail("no copy in its tier");
     if (tier != Tier::ssd) ++in_memory[idx(tier)];
   }
+  if (!pending_.empty()) return;
+  std::uint64_t slots = 0;
+  for (Tier t : {Tier::device, Tier::host, Tier::ssd}) slots += bm_.use(t).used;
+  if (slots != live_.size())
+    throw std::logic_error(fmt::format("kv store: the manager holds {} slots, the engine {} blocks",
+                                       slots, live_.size()));
   const engine::EngineStats s = e.stats();
   for (Tier t : {Tier::device, Tier::host}) {
-    if (s.used[idx(t)] != in_memory[idx(t)] * slot_bytes_)
-      throw std::logic_error(fmt::format("kv store: engine holds {} B in {}, the blocks {} B",
-                                         s.used[idx(t)], mem::to_string(t),
-                                         in_memory[idx(t)] * slot_bytes_));
+    if (s.used[idx(t)] != in_memory[idx(t)] * slot_bytes_ ||
+        bm_.use(t).used != in_memory[idx(t)])
+      throw std::logic_error(fmt::format(
+          "kv store: engine holds {} B in {}, the blocks {} B, the manager {} slots",
+          s.used[idx(t)], mem::to_string(t), in_memory[idx(t)] * slot_bytes_, bm_.use(t).used));
   }
 }
 

@@ -1,29 +1,21 @@
-// The caching pool allocator (DevicePool) and two segment sources. The pool
-// makes no OS calls: memory comes from a SegmentSource. The sources (a
-// virtual address space, and real host memory via mmap/memfd) are at the end.
+// The caching pool allocator (DevicePool): blocks, segments, allocation and
+// free, the pool cache and the figures. The pool makes no OS calls: memory
+// comes from a SegmentSource (segment_sources.cpp); its free blocks sit in a
+// FreeIndex (free_index.cpp); its configuration is pool_config.cpp.
 #include "u3m/mem/pool.hpp"
 
-#include <fcntl.h>
-#include <linux/membarrier.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cassert>
-#include <cerrno>
-#include <charconv>
-#include <cstdio>
 #include <limits>
 #include <mutex>
 #include <thread>
 
-#include <fmt/format.h>
-
-#include "u3m/mem/mapping.hpp"
+#include "pool_block.hpp"
 #include "u3m/util/error.hpp"
 
 namespace u3m::mem {
+
+using pool_detail::as_ptr;
+using pool_detail::round_up;
 
 // Note [Pool structure]
 // A segment is one contiguous range from the source. Its blocks tile it in
@@ -45,9 +37,9 @@ namespace u3m::mem {
 // counts as free: stats() and snapshot() merge it with free neighbours
 // (the logical layout is the coalesced one), freeing a neighbour merges it for
 // real, and the cache is flushed (merged into the free sets) before the pool
-// grows, before empty_cache() and before compact(), so caching never costs
-// memory. In an expandable range a block next to the free tail is not cached,
-// so the tail is still unmapped at once.
+// grows and before empty_cache(), so caching never costs memory. In an
+// expandable range a block next to the free tail is not cached, so the tail
+// is still unmapped at once.
 //
 // Note [Expandable segments]
 // With expandable_segments, each pool (small, large) owns one reserved virtual
@@ -58,333 +50,9 @@ namespace u3m::mem {
 // slivers that per-request segments leave at their ends (PyTorch's Note
 // [Expandable Segments]: batch size N+1 after N) cannot form, and mapped bytes
 // track the high-water mark of live blocks rather than a sum of segment sizes.
-// Holes below the highest live block stay mapped; compact() closes them by
-// sliding movable blocks down, after which the tail is unmapped.
-//
-// Note [Thread cache]
-// The lock costs one atomic exchange per call, and two per allocate+free pair
-// are already as much as glibc's whole tcache round trip at small sizes. So,
-// like glibc's tcache and mimalloc's thread-local free lists, each thread has,
-// per pool, a PoolThreadCache: 64 direct-mapped bins, each a stack of freed
-// blocks of one exact size (at most thread_cache_blocks deep, at most
-// thread_cache_bytes in all). free() of a block pushes it and allocate() of
-// that size pops it, with plain loads and stores: no lock, no atomic
-// read-modify-write. A block may be freed by another thread than the one that
-// allocated it; it then lands in the freeing thread's cache.
-//
-// * What stays true. Liveness is one atomic word per block, its generation,
-//   odd while a caller holds the block; only the block's holder writes it, so
-//   checking a handle needs no lock and a double free or stale handle is still
-//   rejected (ordered frees: two threads freeing the same handle at the same
-//   moment is a data race in the caller, as with malloc). To the pool's
-//   structure a thread-cached block is "allocated" (not in a free set, never
-//   merged), but to the figures it is free: a block with an even generation
-//   counts as free, so allocated/free bytes and counts are exact whenever no
-//   call is in flight.
-// * Figures. The lock-free calls keep only what cannot be counted later: a
-//   pop count (alloc_count), the `room` word (the byte limit, and cached
-//   bytes = cap - room) and its high-water mark (the peak). Requested bytes
-//   and active blocks are counted by stats() from the blocks themselves
-//   (held: odd generation; thread-cached: allocated with an even one), and
-//   frees derive as pops + cached + drained blocks. Dropping the two
-//   counters that used to track these (pushes, requested bytes) took about
-//   0.4 ns off a pair; stats() walks every block instead, and is no fast call.
-// * Cost. A pop or push is a few dozen instructions; what they do is chosen
-//   by perf annotate of `u3m bench alloc`: the thread's slot table is read
-//   through a TLS descriptor (no __tls_get_addr prologue in -fPIC code), the
-//   cache's byte figure is one `room` word that both checks the byte limit
-//   and counts (cached = cap - room), a new generation is computed from the
-//   one just checked rather than loaded back, and "this pool's and not
-//   movable" is one pointer compare (PoolBlock::push_to).
-// * Draining. Whenever the pool needs memory that may sit in a cache (a
-//   request no free block serves, before it grows a segment; out of memory;
-//   empty_cache(); compact(); destruction), it empties every thread cache
-//   into its free sets, so caching never makes the pool grow or fail. The
-//   owner's pops and pushes hold no lock, so a drain from another thread uses
-//   a Dekker handshake: the owner sets `busy`, fences, then reads `pending`;
-//   the drainer sets `pending`, fences, then waits for `busy` to clear. Either
-//   the owner sees `pending` and takes the locked path, or the drainer sees
-//   `busy` and waits the few instructions until the owner leaves; so the bins
-//   are never touched by both. The owner clears `pending` under the pool lock
-//   on its next locked call. The fences are asymmetric, as in folly's and
-//   liburcu's: the owner's is a compiler barrier, the drainer's is
-//   membarrier(2), which runs a full barrier on every running thread of the
-//   process (a thread that is not running passed one when it was switched
-//   out). So if the owner's load of `pending` came before that barrier, its
-//   store to `busy` did too and the drainer sees it; if after, it sees
-//   `pending`. Drains are rare (the pool is short of memory), owner calls
-//   are not: a seq_cst fence on both sides cost about 0.8 ns of a 9 ns pair
-//   (vm, docs/memory.md). The choice is made at compile time: a run-time
-//   switch on the owner's path cost another 0.5 ns. ThreadSanitizer cannot
-//   see membarrier's barrier, so TSan builds use the symmetric fences (the
-//   same protocol, checked there). Where the kernel refuses the membarrier
-//   registration (before Linux 4.14, or a seccomp filter), pools have no
-//   thread caches and every call takes the lock.
-// * Lifetimes. A pool finds a thread's cache by a pool id that is never reused
-//   (so a new pool at a dead pool's address never sees its caches), in a
-//   small thread-local table. The pool and the thread share each cache
-//   (shared_ptr). At thread exit the thread drains its caches into their
-//   pools and folds their counters into the pool's; at pool destruction the
-//   pool drains every cache and detaches it (under the cache's own mutex, so
-//   a thread exiting at that moment either returns its cache first or finds
-//   it detached), and a thread discards a detached cache without touching it.
-// * Peak. peak_allocated_bytes is updated under the lock with the caches'
-//   deltas; a cache also records its own high-water mark since its owner's
-//   last locked call, so with one thread using the pool the peak is exact.
-//   With several threads, pops between locked calls make it an estimate.
-// * Not cached: movable blocks (compact() moves them under the lock, and a
-//   lock-free free could race the move), and blocks of expandable pools (a
-//   freed block that borders the free tail must unmap it at once, and whether
-//   it does can only be read under the lock).
-struct PoolBlock {
-  std::uintptr_t ptr = 0;
-  std::uint64_t size = 0, owner = 0;
-  // What the holder asked for: written by whoever hands the block out (a
-  // lock-free pop too), read by stats() under the lock, hence atomic.
-  std::atomic<std::uint64_t> requested{0};
-  std::atomic<std::uint64_t> generation{0};  // odd while allocated; written by the holder only
-  std::atomic<bool> movable{false};
-  const DevicePool* pool = nullptr;  // set once; blocks are recycled within their pool
-  // `pool` while the block is not movable, else null: the lock-free free's
-  // "ours and cacheable" test in one load (set with movable, by set_movable()).
-  std::atomic<const DevicePool*> push_to{nullptr};
-  void* segment = nullptr;  // the DevicePool::Segment holding it
-  PoolBlock *prev = nullptr, *next = nullptr;
-  PoolBlock* tnext = nullptr;  // next in a thread cache bin
-  // allocated: out of the pool's free structures (held by a caller or a
-  // thread cache); guarded by the pool lock.
-  bool allocated = false, in_use = false;  // in_use: not on the spare list
-  bool cached = false;                     // free, in DevicePool::cache_ (not in a free set)
-  std::uint32_t cache_slot = 0;
-
-  bool held() const { return generation.load(std::memory_order_acquire) & 1; }
-  void set_movable(bool m) {
-    movable.store(m, std::memory_order_relaxed);
-    push_to.store(m ? nullptr : pool, std::memory_order_relaxed);
-  }
-  // Free to the figures: in a free set, the pool cache, or a thread cache.
-  bool free_now() const { return !allocated || !held(); }
-  // Returns the new generation, so callers need not load it back (a reload
-  // is a store-to-load forward on the fast path's critical chain).
-  std::uint64_t bump_generation() {
-    return bump_generation_from(generation.load(std::memory_order_relaxed));
-  }
-  std::uint64_t bump_generation_from(std::uint64_t current) {
-    generation.store(current + 1, std::memory_order_release);
-    return current + 1;
-  }
-};
-
-namespace {
-
-// A counter with a single writer at a time (its cache's owner, or the pool
-// under its lock once the owner is excluded): load + store, no atomic
-// read-modify-write, while stats() may read it from another thread.
-template <typename T>
-void bump(std::atomic<T>& a, T d) {
-  a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_release);
-}
-template <typename T>
-T get(const std::atomic<T>& a) {
-  return a.load(std::memory_order_relaxed);
-}
-
-}  // namespace
-
-struct PoolThreadCache {
-  static constexpr std::size_t kBins = 64;
-  struct Bin {
-    std::uint64_t size = 0;
-    PoolBlock* top = nullptr;
-    std::uint64_t count = 0;
-  };
-  // The handshake with a drain from another thread (Note [Thread cache]).
-  std::atomic<bool> busy{false}, pending{false};
-  // Touched by the owner inside busy, or by a drain once the owner is out.
-  Bin bins[kBins];
-  // Figures for stats(), as few as the fast path can afford (Note [Thread
-  // cache], "Figures"): a monotonic count of the owner's pops (single
-  // writer), the byte room left under thread_cache_bytes as one word (a push
-  // checks its limit and updates its figure with that one load and store; a
-  // reader racing the owner sees a consistent value), and what drains took
-  // (written under the pool lock, with the owner excluded). Everything else
-  // derives: cached bytes = cap - room, popped minus pushed bytes =
-  // -(cached + drained), pushes = pops + cached blocks + drained blocks.
-  std::atomic<std::uint64_t> pops{0};
-  std::int64_t cap = 0;               // thread_cache_bytes; set at creation
-  std::atomic<std::int64_t> room{0};  // cap - bytes cached now
-  std::atomic<std::uint64_t> drained_blocks{0};
-  std::atomic<std::int64_t> drained_bytes{0};  // all bytes drains took from it
-  // Peak tracking: the pool total minus this cache's delta at the owner's
-  // last locked call, and the highest room since (the highest delta: a pop
-  // raises both by the same bytes).
-  std::atomic<std::int64_t> base{0}, high_room{0};
-  // Lifetime (Note [Thread cache]): the pool, until it detaches the cache.
-  std::mutex detach_mu;
-  std::atomic<DevicePool*> pool{nullptr};
-  std::uint64_t pool_id = 0;
-
-  static std::size_t bin_of(std::uint64_t size) {
-    return static_cast<std::size_t>((size * 0x9E3779B97F4A7C15ull) >> 58);  // Fibonacci hashing
-  }
-  // Bytes popped minus pushed, from a given room. Callers hold the pool
-  // lock, so drained_bytes is stable (drains take it).
-  std::int64_t delta_at(std::int64_t r) const { return r - cap - get(drained_bytes); }
-  std::int64_t peak_candidate() const { return get(base) + delta_at(get(high_room)); }
-  std::int64_t allocated_delta() const { return delta_at(room.load(std::memory_order_acquire)); }
-  std::uint64_t cached_bytes() const {
-    return static_cast<std::uint64_t>(cap - room.load(std::memory_order_acquire));
-  }
-};
-
-namespace {
-
-// Note [Thread cache], the handshake: asymmetric, except under
-// ThreadSanitizer, which cannot see the barrier membarrier() puts into the
-// owner and would report every drain; there both sides fence.
-#if defined(__SANITIZE_THREAD__)
-#define U3M_POOL_SYMMETRIC_HANDSHAKE 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define U3M_POOL_SYMMETRIC_HANDSHAKE 1
-#endif
-#endif
-
-inline void fence() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-
-// Whether thread caches may be used: the asymmetric form needs expedited
-// private membarrier (Linux >= 4.14), registered once per process (a few
-// milliseconds, an RCU grace period, when the process already has threads);
-// a seccomp filter may refuse it, and then pools run without thread caches.
-bool handshake_available() {
-#ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
-  return true;
-#else
-  static const bool registered =
-      ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-  return registered;
-#endif
-}
-
-// The drainer's side: a full barrier on every running thread of the process.
-// False if the kernel refused (it cannot, once registered): the caller then
-// leaves the caches alone, so cached blocks may make the pool grow or fail,
-// and it says so on stderr, once.
-bool drainer_fence() {
-#ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
-  fence();
-  return true;
-#else
-  int r;
-  do {
-    r = static_cast<int>(::syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0));
-  } while (r != 0 && errno == EINTR);
-  if (r != 0) {
-    static std::once_flag told;
-    const int err = errno;
-    std::call_once(told, [err] {
-      std::fprintf(stderr,
-                   "u3m: membarrier failed after registration (errno %d): other threads' pool "
-                   "caches are not drained\n",
-                   err);
-    });
-  }
-  return r == 0;
-#endif
-}
-
-// The owner enters: false when a drain is pending (take the locked path).
-// The owner's fence is a compiler barrier only: the drainer's membarrier()
-// turns it into a full one whenever a drain needs that.
-[[gnu::always_inline]] inline bool enter(PoolThreadCache* c) {
-  c->busy.store(true, std::memory_order_relaxed);
-#ifdef U3M_POOL_SYMMETRIC_HANDSHAKE
-  fence();
-#else
-  std::atomic_signal_fence(std::memory_order_seq_cst);
-#endif
-  if (c->pending.load(std::memory_order_acquire)) {
-    c->busy.store(false, std::memory_order_release);
-    return false;
-  }
-  return true;
-}
-inline void leave(PoolThreadCache* c) {
-  c->busy.store(false, std::memory_order_release);
-}
-
-std::atomic<std::uint64_t> next_pool_id{1};
-
-// This thread's caches, most recently registered first; plain data, so
-// reading it costs no thread-local guard.
-struct TlsCacheSlot {
-  std::uint64_t pool_id = 0;
-  PoolThreadCache* cache = nullptr;
-};
-constexpr int kTlsSlots = 4;
-// Read on every fast-path call. u3m_mem is built -fPIC (it also goes into
-// the Python module), where thread_local defaults to the general-dynamic
-// model: a __tls_get_addr call, and even when the linker relaxes it the
-// compiler has already saved registers around it (2 ns of a 13 ns pair,
-// measured on vm, perf annotate of `u3m bench alloc`). pool.cmake builds this file with TLS
-// descriptors (GCC's -mtls-dialect=gnu2), whose call clobbers no register and which the linker
-// relaxes to a plain %fs load in an executable; unlike the initial-exec
-// model, that stays safe in a dlopen()ed module.
-thread_local TlsCacheSlot tls_slots[kTlsSlots];
-thread_local bool tls_exiting = false;  // the registry below is gone or going
-
-}  // namespace
-
-// Owns this thread's caches (with their pools); returns them at thread exit.
-struct PoolThreadCacheRegistry {
-  std::vector<std::shared_ptr<PoolThreadCache>> caches;
-  ~PoolThreadCacheRegistry() {
-    tls_exiting = true;
-    for (TlsCacheSlot& s : tls_slots) s = {};
-    for (auto& c : caches) {
-      std::lock_guard g(c->detach_mu);
-      if (DevicePool* p = c->pool.load(std::memory_order_acquire)) p->retire_cache(c.get());
-    }
-  }
-};
-
-namespace {
-thread_local PoolThreadCacheRegistry tls_registry;
-}  // namespace
-
-struct DevicePool::Segment {
-  const DevicePool* pool = nullptr;
-  std::uintptr_t base = 0;
-  std::uint64_t size = 0;     // bytes mapped (expandable) or allocated (plain)
-  std::uint64_t reserve = 0;  // virtual bytes reserved (expandable only)
-  Kind kind = kSmall;
-  bool expandable = false;
-  PoolBlock *head = nullptr, *tail = nullptr;
-};
-
-namespace {
-
-constexpr bool is_pow2(std::uint64_t x) {
-  return x && !(x & (x - 1));
-}
-// Rounds up; false on overflow.
-bool round_up(std::uint64_t x, std::uint64_t to, std::uint64_t* out) {
-  std::uint64_t r = x % to;
-  if (r == 0) {
-    *out = x;
-    return true;
-  }
-  if (x > std::numeric_limits<std::uint64_t>::max() - (to - r)) return false;
-  *out = x + (to - r);
-  return true;
-}
-void* as_ptr(std::uintptr_t p) {
-  return reinterpret_cast<void*>(p);
-}
-
-}  // namespace
+// Holes below the highest live block stay mapped until best fit reuses them:
+// the pool never moves a live block (docs/memory.md, "What the pool leaves
+// out", measured why compaction would not pay under the engine).
 
 double fragmentation(std::uint64_t largest_free, std::uint64_t total_free) {
   if (total_free == 0) return 0;
@@ -395,218 +63,11 @@ void SpinLock::yield() noexcept {
   std::this_thread::yield();
 }
 
-// ---- configuration ---------------------------------------------------------
-
-namespace {
-
-std::uint64_t parse_size(std::string_view v, std::string_view where, std::string_view key) {
-  std::uint64_t mult = 1;
-  for (auto [suffix, m] : {std::pair{"GiB", GiB}, std::pair{"MiB", MiB}, std::pair{"KiB", KiB}}) {
-    std::string_view s(suffix);
-    if (v.size() > s.size() && v.substr(v.size() - s.size()) == s) {
-      v.remove_suffix(s.size());
-      mult = m;
-      break;
-    }
-  }
-  std::uint64_t n = 0;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || end != v.data() + v.size() || v.empty()) {
-    input_error(where, "{}: '{}' is not a size (bytes, or N with KiB/MiB/GiB)", key, v);
-  }
-  if (n > std::numeric_limits<std::uint64_t>::max() / mult)
-    input_error(where, "{}: too large", key);
-  return n * mult;
-}
-
-bool parse_bool(std::string_view v, std::string_view where, std::string_view key) {
-  if (v == "true" || v == "True" || v == "1") return true;
-  if (v == "false" || v == "False" || v == "0") return false;
-  input_error(where, "{}: '{}' is not true or false", key, v);
-}
-
-}  // namespace
-
-PoolConfig PoolConfig::parse(std::string_view text, std::string_view where) {
-  PoolConfig c;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t comma = text.find(',', pos);
-    if (comma == std::string_view::npos) comma = text.size();
-    std::string_view item = text.substr(pos, comma - pos);
-    pos = comma + 1;
-    if (item.empty()) continue;
-    std::size_t colon = item.find(':');
-    if (colon == std::string_view::npos) {
-      input_error(where, "'{}' is not key:value", item);
-    }
-    std::string_view key = item.substr(0, colon), v = item.substr(colon + 1);
-    struct SizeKey {
-      std::string_view name;
-      std::uint64_t PoolConfig::*field;
-    };
-    static constexpr SizeKey kSizes[] = {
-        {"alignment", &PoolConfig::alignment},
-        {"small_size", &PoolConfig::small_size},
-        {"small_segment", &PoolConfig::small_segment},
-        {"large_segment", &PoolConfig::large_segment},
-        {"min_large_alloc", &PoolConfig::min_large_alloc},
-        {"round_large", &PoolConfig::round_large},
-        {"large_split_min", &PoolConfig::large_split_min},
-        {"capacity", &PoolConfig::capacity},
-        {"expandable_reserve", &PoolConfig::expandable_reserve},
-        {"expandable_keep", &PoolConfig::expandable_keep},
-        {"fast_cache_blocks", &PoolConfig::fast_cache_blocks},
-        {"thread_cache_blocks", &PoolConfig::thread_cache_blocks},
-        {"thread_cache_bytes", &PoolConfig::thread_cache_bytes},
-    };
-    bool found = false;
-    for (const SizeKey& k : kSizes) {
-      if (k.name == key) {
-        c.*k.field = parse_size(v, where, key);
-        found = true;
-      }
-    }
-    if (key == "expandable_segments") {
-      c.expandable_segments = parse_bool(v, where, key);
-      found = true;
-    }
-    if (!found) {
-      input_error(where,
-                  "unknown key '{}' (known: alignment, small_size, small_segment, large_segment, "
-                  "min_large_alloc, round_large, large_split_min, capacity, expandable_segments, "
-                  "expandable_reserve, expandable_keep, fast_cache_blocks, thread_cache_blocks, "
-                  "thread_cache_bytes)",
-                  key);
-    }
-  }
-  c.validate(where);
-  return c;
-}
-
-void PoolConfig::validate(std::string_view where) const {
-  if (!is_pow2(alignment)) input_error(where, "alignment: {} is not a power of two", alignment);
-  if (small_size < alignment) input_error(where, "small_size: must be >= alignment");
-  if (small_segment < small_size) input_error(where, "small_segment: must be >= small_size");
-  if (small_segment % alignment || large_segment % alignment || round_large % alignment) {
-    input_error(where, "segment sizes and round_large must be multiples of alignment");
-  }
-  if (round_large == 0) input_error(where, "round_large: must be > 0");
-  if (large_segment < min_large_alloc) {
-    input_error(where, "large_segment: must be >= min_large_alloc");
-  }
-}
-
-std::string PoolConfig::describe() const {
-  return fmt::format(
-      "alignment:{},small_size:{},small_segment:{},large_segment:{},min_large_alloc:{},"
-      "round_large:{},large_split_min:{},capacity:{},expandable_segments:{},"
-      "expandable_reserve:{},expandable_keep:{},fast_cache_blocks:{},thread_cache_blocks:{},"
-      "thread_cache_bytes:{}",
-      alignment, small_size, small_segment, large_segment, min_large_alloc, round_large,
-      large_split_min, capacity, expandable_segments, expandable_reserve, expandable_keep,
-      fast_cache_blocks, thread_cache_blocks, thread_cache_bytes);
-}
-
-// ---- the pool --------------------------------------------------------------
-
-// Note [Free index]
-// Best fit is "the smallest free block that fits, the lowest address among
-// equal sizes". A std::set ordered by (size, address) gives it in one
-// lower_bound, but every insert and erase pays a node allocation and a
-// pointer-chasing rebalance, and the simulator frees and allocates millions
-// of blocks (the set was 13-21% of a bench_sim profile). So, as jemalloc and
-// TLSF do, the free blocks sit in size-class bins: 8 classes per power of two
-// (class_of below; a class covers a size range, and classes grow with size),
-// each bin a flat array sorted by (size, address), and a bitmap of non-empty
-// bins. Best fit searches the request's own bin (it may hold smaller blocks),
-// then takes the first entry of the next non-empty bin (a bitmap scan): every
-// block there is larger than any in lower bins, and its first entry is the
-// smallest, lowest-addressed one. So the choice is exactly the set's, and
-// placement (and every simulator figure) is unchanged. An insert or erase
-// moves the entries after it in its bin: O(bin) where the set was O(log n).
-// A bin spans 1/8 of its power of two, so the bins stay short when free
-// sizes vary, as in the simulator's traces; many free blocks of one size
-// class (fixed-size KV slots freed out of order) would fill one bin, and
-// that case is not measured.
-int DevicePool::FreeIndex::class_of(std::uint64_t size) {
-  if (size < 16) return static_cast<int>(size);                  // 0..15: one class per size
-  const int e = 63 - __builtin_clzll(size);                      // 4..63
-  return 8 * (e - 2) + static_cast<int>((size >> (e - 3)) & 7);  // 16..495
-}
-
-int DevicePool::FreeIndex::next_nonempty(int from) const {
-  for (int w = from / 64; w < kClasses / 64; ++w) {
-    std::uint64_t bits = bitmap_[w];
-    if (w == from / 64) bits &= ~std::uint64_t{0} << (from % 64);
-    if (bits) return w * 64 + __builtin_ctzll(bits);
-  }
-  return -1;
-}
-
-namespace {
-template <typename E>
-bool entry_less(const E& e, std::uint64_t size, std::uintptr_t ptr) {
-  return e.size != size ? e.size < size : e.ptr < ptr;
-}
-}  // namespace
-
-void DevicePool::FreeIndex::insert(PoolBlock* b) {
-  const int c = class_of(b->size);
-  auto& bin = bins_[c];
-  auto it = std::lower_bound(bin.begin(), bin.end(), b, [](const Entry& e, const PoolBlock* x) {
-    return entry_less(e, x->size, x->ptr);
-  });
-  bin.insert(it, Entry{b->size, b->ptr, b});
-  bitmap_[c / 64] |= std::uint64_t{1} << (c % 64);
-  ++count_;
-}
-
-bool DevicePool::FreeIndex::erase(PoolBlock* b) {
-  const int c = class_of(b->size);
-  auto& bin = bins_[c];
-  auto it = std::lower_bound(bin.begin(), bin.end(), b, [](const Entry& e, const PoolBlock* x) {
-    return entry_less(e, x->size, x->ptr);
-  });
-  assert(it != bin.end() && it->block == b);
-  if (it == bin.end() || it->block != b) return false;  // not indexed: nothing to take out
-  bin.erase(it);
-  if (bin.empty()) bitmap_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
-  --count_;
-  return true;
-}
-
-PoolBlock* DevicePool::FreeIndex::best_fit(std::uint64_t size) const {
-  const int c = class_of(size);
-  const auto& bin = bins_[c];
-  auto it = std::lower_bound(bin.begin(), bin.end(), size,
-                             [](const Entry& e, std::uint64_t s) { return e.size < s; });
-  if (it != bin.end()) return it->block;
-  if (c + 1 >= kClasses) return nullptr;
-  const int n = next_nonempty(c + 1);
-  return n < 0 ? nullptr : bins_[n].front().block;
-}
-
-PoolBlock* DevicePool::FreeIndex::largest() const {
-  for (int w = kClasses / 64; w-- > 0;) {
-    if (bitmap_[w]) return bins_[w * 64 + 63 - __builtin_clzll(bitmap_[w])].back().block;
-  }
-  return nullptr;
-}
-
-bool DevicePool::thread_caches_supported() {
-  return handshake_available();
-}
-
 DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
     : source_(source),
       config_(config),
       granularity_(std::max<std::uint64_t>(source.granularity(), 1)),
-      expandable_(config.expandable_segments),
-      id_(next_pool_id.fetch_add(1, std::memory_order_relaxed)),
-      thread_cache_(config.thread_cache_blocks > 0 && config.thread_cache_bytes > 0 &&
-                    !config.expandable_segments && handshake_available()),
-      fast_id_(thread_cache_ ? id_ : 0) {
+      expandable_(config.expandable_segments) {
   config_.validate();
   if (expandable_ && !source.supports_vmm()) {
     input_error("pool config", "expandable_segments: the segment source has no reserve/map");
@@ -622,20 +83,7 @@ DevicePool::DevicePool(SegmentSource& source, PoolConfig config)
 }
 
 DevicePool::~DevicePool() {
-  // Detach the caches first, without the pool lock: a thread exiting now
-  // holds its cache's mutex while it takes the pool lock (Note [Thread cache]).
-  std::vector<std::shared_ptr<PoolThreadCache>> caches;
-  {
-    std::lock_guard lock(mu_);
-    caches = caches_;
-  }
-  for (auto& c : caches) {
-    std::lock_guard g(c->detach_mu);
-    c->pool.store(nullptr, std::memory_order_release);
-  }
   std::lock_guard lock(mu_);
-  drain_thread_caches();
-  caches_.clear();
   flush_cache();
   while (!segments_.empty()) destroy_segment(segments_.back().get());
 }
@@ -650,16 +98,13 @@ PoolBlock* DevicePool::new_block() {
     b = spare_blocks_.back();
     spare_blocks_.pop_back();
     // The generation carries on: a stale handle to the old block stays stale.
-    b->requested.store(0, std::memory_order_relaxed);
-    b->owner = 0;
-    b->set_movable(false);
-    b->prev = b->next = b->tnext = nullptr;
+    b->requested = 0;
+    b->prev = b->next = nullptr;
     b->allocated = b->cached = false;
     b->cache_slot = 0;
   } else {
     b = &block_storage_.emplace_back();
     b->pool = this;
-    b->set_movable(false);
   }
   b->in_use = true;
   return b;
@@ -684,20 +129,12 @@ void DevicePool::erase_free(PoolBlock* b) {
 }
 
 std::uint64_t DevicePool::total_free() const {
-  std::uint64_t in_threads = 0;
-  for (const auto& c : caches_) in_threads += c->cached_bytes();
-  return free_bytes_[0] + free_bytes_[1] + cached_bytes_ + in_threads;
-}
-
-std::uint64_t DevicePool::largest_free() const {
-  std::uint64_t largest = 0;
-  free_runs(&largest);
-  return largest;
+  return free_bytes_[0] + free_bytes_[1] + cached_bytes_;
 }
 
 std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
   std::uint64_t runs = 0, m = 0;
-  if (cache_.empty() && thread_cached_bytes() == 0) {  // coalesced: each free block is a run
+  if (cache_.empty()) {  // coalesced: each free block is a run
     for (const FreeSet& f : free_) {
       if (const PoolBlock* b = f.largest()) m = std::max(m, b->size);
       runs += f.size();
@@ -706,7 +143,7 @@ std::uint64_t DevicePool::free_runs(std::uint64_t* largest) const {
     for (const auto& s : segments_) {
       std::uint64_t run = 0;
       for (const PoolBlock* b = s->head; b; b = b->next) {
-        bool free = b->free_now();
+        bool free = !b->allocated;
         if (free && run == 0) ++runs;
         run = free ? run + b->size : 0;
         m = std::max(m, run);
@@ -870,225 +307,33 @@ void DevicePool::split(PoolBlock* b, std::uint64_t size) {
   insert_free(rest);
 }
 
-void DevicePool::hand_out(PoolBlock* b, std::uint64_t requested, bool movable, std::uint64_t owner,
-                          PoolAllocation* out) {
+void DevicePool::hand_out(PoolBlock* b, std::uint64_t requested, PoolAllocation* out) {
   b->allocated = true;
-  b->requested.store(requested, std::memory_order_relaxed);
-  b->set_movable(movable);
-  b->owner = owner;
-  b->bump_generation();
+  b->requested = requested;
+  ++b->generation;  // odd: held
   st_.allocated_bytes += b->size;
-  note_allocated();
-  *out = PoolAllocation{as_ptr(b->ptr), b->size, requested, b,
-                        b->generation.load(std::memory_order_relaxed)};
+  st_.requested_bytes += requested;
+  ++st_.active_blocks;
+  st_.peak_allocated_bytes = std::max(st_.peak_allocated_bytes, st_.allocated_bytes);
+  *out = PoolAllocation{as_ptr(b->ptr), b->size, requested, b, b->generation};
 }
 
-void DevicePool::note_allocated() {
-  std::uint64_t now = st_.allocated_bytes + static_cast<std::uint64_t>(thread_allocated_delta());
-  st_.peak_allocated_bytes = std::max(st_.peak_allocated_bytes, now);
-}
-
-// ---- thread caches (Note [Thread cache]) -----------------------------------
-
-// Inlined: a call and its prologue are a tenth of the lock-free path.
-[[gnu::always_inline]] inline PoolThreadCache* DevicePool::fast_cache() const {
-  // fast_id_ is 0 when the pool has no thread cache: it matches only empty
-  // slots, whose cache is null, so there is no separate flag to test.
-  for (const TlsCacheSlot& s : tls_slots) {
-    if (s.pool_id == fast_id_) return s.cache;
-  }
-  return nullptr;
-}
-
-PoolThreadCache* DevicePool::own_cache(bool create) {
-  if (!thread_cache_ || tls_exiting) return nullptr;
-  if (PoolThreadCache* c = fast_cache()) return c;
-  auto& mine = tls_registry.caches;
-  PoolThreadCache* found = nullptr;
-  for (auto& c : mine) {
-    if (c->pool_id == id_) found = c.get();
-  }
-  if (!found) {
-    if (!create) return nullptr;
-    std::erase_if(mine, [](const std::shared_ptr<PoolThreadCache>& c) {
-      return c->pool.load(std::memory_order_acquire) == nullptr;  // its pool is gone
-    });
-    auto c = std::make_shared<PoolThreadCache>();
-    c->pool_id = id_;
-    // Clamped so that room arithmetic cannot overflow a signed word.
-    c->cap = static_cast<std::int64_t>(
-        std::min<std::uint64_t>(config_.thread_cache_bytes, std::uint64_t{1} << 62));
-    c->room.store(c->cap, std::memory_order_relaxed);
-    c->high_room.store(c->cap, std::memory_order_relaxed);
-    c->pool.store(this, std::memory_order_release);
-    c->base.store(static_cast<std::int64_t>(st_.allocated_bytes +
-                                            static_cast<std::uint64_t>(thread_allocated_delta())),
-                  std::memory_order_relaxed);
-    caches_.push_back(c);
-    mine.push_back(c);
-    found = c.get();
-  }
-  for (int i = kTlsSlots - 1; i > 0; --i) tls_slots[i] = tls_slots[i - 1];
-  tls_slots[0] = {id_, found};
-  return found;
-}
-
-[[gnu::always_inline]] inline bool DevicePool::cache_push(PoolThreadCache* c, PoolBlock* b,
-                                                          std::uint64_t generation) {
-  std::uint64_t size = b->size;
-  PoolThreadCache::Bin& bin = c->bins[PoolThreadCache::bin_of(size)];
-  const std::int64_t room = get(c->room);  // >= 0
-  if ((bin.count > 0 && bin.size != size) || bin.count >= config_.thread_cache_blocks ||
-      size > static_cast<std::uint64_t>(room)) {
-    return false;
-  }
-  b->bump_generation_from(generation);  // even: the handle that freed it is stale now
-  b->tnext = bin.top;
-  bin.top = b;
-  bin.size = size;
-  ++bin.count;
-  c->room.store(room - static_cast<std::int64_t>(size), std::memory_order_release);
-  return true;
-}
-
-void DevicePool::sync_own_cache(PoolThreadCache* c) {
-  if (!c) return;
-  // A drain emptied the bins and marked them; the owner may use them again.
-  if (c->pending.load(std::memory_order_relaxed))
-    c->pending.store(false, std::memory_order_relaxed);
-  // The high-water mark of the lock-free calls since the last locked one.
-  st_.peak_allocated_bytes =
-      std::max(st_.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
-}
-
-void DevicePool::rebase(PoolThreadCache* c) {
-  std::int64_t delta = c->allocated_delta();
-  auto total = static_cast<std::int64_t>(st_.allocated_bytes +
-                                         static_cast<std::uint64_t>(thread_allocated_delta()));
-  c->base.store(total - delta, std::memory_order_relaxed);
-  c->high_room.store(get(c->room), std::memory_order_relaxed);
-}
-
-void DevicePool::drain(PoolThreadCache* c) {
-  std::uint64_t blocks = 0;
-  for (PoolThreadCache::Bin& bin : c->bins) {
-    blocks += bin.count;
-    for (PoolBlock* b = bin.top; b;) {
-      PoolBlock* next = b->tnext;
-      b->tnext = nullptr;
-      put_back(b, false);
-      b = next;
-    }
-    bin = {};
-  }
-  // The owner is out (Note [Thread cache]), so these are exact. The delta
-  // (room - cap - drained) is unchanged; the high-water room moves with it.
-  const std::int64_t cached = c->cap - get(c->room);
-  c->high_room.store(get(c->high_room) + cached, std::memory_order_relaxed);
-  c->drained_bytes.store(get(c->drained_bytes) + cached, std::memory_order_relaxed);
-  c->room.store(c->cap, std::memory_order_release);
-  c->drained_blocks.store(get(c->drained_blocks) + blocks, std::memory_order_relaxed);
-}
-
-bool DevicePool::drain_thread_caches() {
-  PoolThreadCache* self = fast_cache();
-  std::vector<PoolThreadCache*> remote;
-  bool any = false;
-  for (auto& c : caches_) {
-    if (c->cached_bytes() == 0) continue;  // a push racing this drain comes after it
-    if (c.get() == self) {                 // our own: we are not inside a push or pop
-      drain(self);
-      any = true;
-    } else if (!c->pending.load(std::memory_order_relaxed)) {
-      c->pending.store(true, std::memory_order_relaxed);
-      remote.push_back(c.get());
-    }
-  }
-  // One barrier for all of them; the caches of one pool share its form.
-  if (!remote.empty() && drainer_fence()) {
-    for (PoolThreadCache* c : remote) {
-      while (c->busy.load(std::memory_order_acquire)) std::this_thread::yield();
-      any = any || c->cached_bytes() > 0;
-      drain(c);
-    }
-  }
-  if (any) ++st_.thread_cache_drains;
-  return any;
-}
-
-void DevicePool::retire_cache(PoolThreadCache* c) {
-  std::lock_guard lock(mu_);
-  drain(c);  // we are its owner, exiting
-  st_.peak_allocated_bytes =
-      std::max(st_.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
-  st_.allocated_bytes += static_cast<std::uint64_t>(c->allocated_delta());
-  st_.alloc_count += get(c->pops);
-  st_.free_count += get(c->pops) + get(c->drained_blocks);  // its pushes: it is empty now
-  std::erase_if(caches_, [c](const std::shared_ptr<PoolThreadCache>& p) { return p.get() == c; });
-  c->pool.store(nullptr, std::memory_order_release);
-}
-
-std::uint64_t DevicePool::thread_cached_bytes() const {
-  std::uint64_t n = 0;
-  for (const auto& c : caches_) n += c->cached_bytes();
-  return n;
-}
-
-std::int64_t DevicePool::thread_allocated_delta() const {
-  std::int64_t d = 0;
-  for (const auto& c : caches_) d += c->allocated_delta();
-  return d;
-}
-
-Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movable,
-                            std::uint64_t owner) {
+Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out) {
   if (out == nullptr || bytes == 0) return Status::invalid_argument;
-  // alignment is a power of two (validate()): a mask, not a division, which
-  // alone would cost more than the rest of the fast path.
+  // alignment is a power of two (validate()): a mask, not a division.
   const std::uint64_t mask = config_.alignment - 1;
   if (bytes > std::numeric_limits<std::uint64_t>::max() - mask) return Status::out_of_memory;
   const std::uint64_t size = (bytes + mask) & ~mask;
-  if (PoolThreadCache* c = movable ? nullptr : fast_cache(); c && enter(c)) {
-    PoolThreadCache::Bin& bin = c->bins[PoolThreadCache::bin_of(size)];
-    if (bin.count > 0 && bin.size == size) {  // the lock-free pop
-      PoolBlock* b = bin.top;
-      bin.top = b->tnext;
-      --bin.count;
-      const std::int64_t room = get(c->room) + static_cast<std::int64_t>(size);
-      c->room.store(room, std::memory_order_release);
-      bump(c->pops, std::uint64_t{1});
-      if (room > get(c->high_room)) c->high_room.store(room, std::memory_order_relaxed);
-      b->requested.store(bytes, std::memory_order_relaxed);
-      b->owner = owner;
-      const std::uint64_t g = b->bump_generation();
-      leave(c);
-      *out = PoolAllocation{as_ptr(b->ptr), size, bytes, b, g};
-      return Status::ok;
-    }
-    leave(c);
-  }
-  return allocate_locked(bytes, size, out, movable, owner);
-}
-
-// Out of line, so the lock-free path above stays a leaf with a short prologue.
-[[gnu::noinline]] Status DevicePool::allocate_locked(std::uint64_t bytes, std::uint64_t size,
-                                                     PoolAllocation* out, bool movable,
-                                                     std::uint64_t owner) {
   Kind k = kind_of(size);
   std::lock_guard lock(mu_);
-  PoolThreadCache* own = own_cache(true);
-  sync_own_cache(own);
-  Rebase rebase{this, own};
   if (PoolBlock* c = cache_.empty() ? nullptr : pop_cached(size)) {
-    hand_out(c, bytes, movable, owner, out);
+    hand_out(c, bytes, out);
     ++st_.alloc_count;
     return Status::ok;
   }
   PoolBlock* b = best_fit(k, size);
-  if (!b && (!cache_.empty() || thread_cached_bytes() > 0)) {
-    // Cached blocks must not make the pool grow (Note [Thread cache]).
-    drain_thread_caches();
-    flush_cache();
+  if (!b && !cache_.empty()) {
+    flush_cache();  // cached blocks must not make the pool grow (Note [Fast path])
     b = best_fit(k, size);
   }
   if (!b) {
@@ -1111,7 +356,7 @@ Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movab
   bool keep_rest =
       k == kSmall || open_tail ? rest >= config_.alignment : rest > config_.large_split_min;
   if (keep_rest) split(b, size);
-  hand_out(b, bytes, movable, owner, out);
+  hand_out(b, bytes, out);
   ++st_.alloc_count;
   return Status::ok;
 }
@@ -1119,11 +364,9 @@ Status DevicePool::allocate(std::uint64_t bytes, PoolAllocation* out, bool movab
 bool DevicePool::live(const PoolAllocation& a) const {
   // Blocks are never deallocated (only recycled within their pool), so
   // reading a stale handle's block is safe; the generation, odd while
-  // allocated, tells a stale handle from a live one. ptr is read only once
-  // the generation matched, i.e. while the block is held and cannot change.
+  // allocated, tells a stale handle from a live one.
   const PoolBlock* b = a.block;
-  return b && b->pool == this && (a.generation & 1) &&
-         b->generation.load(std::memory_order_acquire) == a.generation &&
+  return b && b->pool == this && (a.generation & 1) && b->generation == a.generation &&
          b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr);
 }
 
@@ -1186,16 +429,14 @@ std::uint64_t DevicePool::trim_tail(Segment* s, std::uint64_t keep) {
   return bytes;
 }
 
-void DevicePool::release_block(PoolBlock* b, bool may_cache) {
-  b->bump_generation();  // even: every handle to it is stale now
+void DevicePool::release_block(PoolBlock* b) {
+  ++b->generation;  // even: every handle to it is stale now
   st_.allocated_bytes -= b->size;
-  put_back(b, may_cache);
-}
-
-void DevicePool::put_back(PoolBlock* b, bool may_cache) {
+  st_.requested_bytes -= b->requested;
+  --st_.active_blocks;
   b->allocated = false;
   auto* s = static_cast<Segment*>(b->segment);
-  if (may_cache && cache_.size() < config_.fast_cache_blocks &&
+  if (cache_.size() < config_.fast_cache_blocks &&
       !(s->expandable && (!b->next || !b->next->allocated))) {
     b->cached = true;
     b->cache_slot = static_cast<std::uint32_t>(cache_.size());
@@ -1205,45 +446,14 @@ void DevicePool::put_back(PoolBlock* b, bool may_cache) {
   }
   b = coalesce(b);
   insert_free(b);
-  auto* seg = static_cast<Segment*>(b->segment);
-  if (seg->expandable && b == seg->tail) trim_tail(seg, config_.expandable_keep);
+  if (s->expandable && b == s->tail) trim_tail(s, config_.expandable_keep);
 }
 
 Status DevicePool::free(const PoolAllocation& a) {
-  PoolBlock* b = a.block;
-  // The lock-free push: a live, non-movable block of this pool into this
-  // thread's bin for its size, if the bin has room (Note [Thread cache]).
-  if (PoolThreadCache* c =
-          b && b->push_to.load(std::memory_order_relaxed) == this ? fast_cache() : nullptr;
-      c && (a.generation & 1) && b->generation.load(std::memory_order_acquire) == a.generation &&
-      b->ptr == reinterpret_cast<std::uintptr_t>(a.ptr) && enter(c)) {
-    bool pushed = cache_push(c, b, a.generation);  // equal to the block's, just checked
-    leave(c);
-    if (pushed) return Status::ok;
-  }
-  return free_locked(a);
-}
-
-[[gnu::noinline]] Status DevicePool::free_locked(const PoolAllocation& a) {
-  PoolBlock* b = a.block;
   std::lock_guard lock(mu_);
-  PoolThreadCache* c = own_cache(true);
-  sync_own_cache(c);
-  Rebase rebase{this, c};
   if (!live(a)) return Status::invalid_argument;
-  // The owner may fill its bins under the lock too: drains hold the lock.
-  if (c && !b->movable.load(std::memory_order_relaxed) && cache_push(c, b, a.generation)) {
-    return Status::ok;
-  }
-  release_block(a.block, true);
+  release_block(a.block);
   ++st_.free_count;
-  return Status::ok;
-}
-
-Status DevicePool::set_movable(const PoolAllocation& a, bool movable) {
-  std::lock_guard lock(mu_);
-  if (!live(a)) return Status::invalid_argument;
-  a.block->set_movable(movable);
   return Status::ok;
 }
 
@@ -1252,10 +462,12 @@ void DevicePool::destroy_segment(Segment* s) {
     PoolBlock* n = b->next;
     if (!b->allocated) {
       erase_free(b);
-    } else if (b->held()) {
+    } else {
       // Freed with live blocks (pool destroyed): the handles become stale.
       st_.allocated_bytes -= b->size;
-      b->bump_generation();
+      st_.requested_bytes -= b->requested;
+      --st_.active_blocks;
+      ++b->generation;
     }
     recycle(b);
     b = n;
@@ -1278,7 +490,6 @@ void DevicePool::destroy_segment(Segment* s) {
 }
 
 std::uint64_t DevicePool::release_cached() {
-  drain_thread_caches();
   flush_cache();
   std::uint64_t released = 0;
   std::vector<Segment*> empty;
@@ -1302,100 +513,9 @@ std::uint64_t DevicePool::empty_cache() {
   return release_cached();
 }
 
-// Note [Compaction]
-// The pool cannot move user data: the caller (the runtime, which knows which
-// tensors are unpinned and idle) supplies a callback that copies a block and
-// repoints its owner. The plan is "slide down": movable allocated blocks are
-// taken from the highest address down, and each is moved into the
-// lowest-addressed free block of its pool, below it, that holds it whole. So
-// every move goes strictly down and into free space (source and destination
-// never overlap; no block moves twice), holes fill from the bottom, and the
-// freed space gathers at the top of segments where it merges into one block;
-// an expandable segment then unmaps its tail, and plain segments left wholly
-// free go back on empty_cache(). This is the classic sliding compaction made
-// safe for copy engines that do not support overlapping copies; it does not
-// find the optimal packing (a bin-packing problem). Pinned (non-movable)
-// blocks stay put and bound what can be gained.
-CompactResult DevicePool::compact(const MoveFn& fn) {
-  std::lock_guard lock(mu_);
-  CompactResult r;
-  drain_thread_caches();
-  flush_cache();  // coalesced free space: holes are real blocks to move into
-  r.free_bytes_before = total_free();
-  r.largest_free_before = largest_free();
-  r.fragmentation_before = fragmentation(r.largest_free_before, r.free_bytes_before);
-  std::uint64_t reserved_before = st_.reserved_bytes;
-
-  std::vector<PoolBlock*> movable;
-  for (auto& s : segments_) {
-    for (PoolBlock* b = s->head; b; b = b->next) {
-      if (b->allocated && b->held() && b->movable.load(std::memory_order_relaxed)) {
-        movable.push_back(b);
-      }
-    }
-  }
-  std::sort(movable.begin(), movable.end(),
-            [](const PoolBlock* a, const PoolBlock* b) { return a->ptr > b->ptr; });
-  for (PoolBlock* src : movable) {
-    Kind k = static_cast<Segment*>(src->segment)->kind;
-    PoolBlock* hole = nullptr;
-    free_[k].for_each([&](PoolBlock* f) {
-      if (f->size >= src->size && f->ptr < src->ptr && (!hole || f->ptr < hole->ptr)) hole = f;
-    });
-    if (!hole) continue;
-    erase_free(hole);
-    if (hole->size > src->size) split(hole, src->size);
-    PoolAllocation from{as_ptr(src->ptr), src->size, src->requested, src,
-                        src->generation.load(std::memory_order_relaxed)};
-    PoolAllocation to;
-    hand_out(hole, src->requested, true, src->owner, &to);
-    if (!fn(PoolMove{src->owner, from, to})) {
-      ++r.refused;
-      release_block(hole, false);
-      continue;
-    }
-    ++r.moves;
-    r.moved_bytes += src->size;
-    release_block(src, false);
-  }
-  st_.moves += r.moves;
-  st_.moved_bytes += r.moved_bytes;
-  r.released_bytes = reserved_before - st_.reserved_bytes;
-  r.free_bytes_after = total_free();
-  r.largest_free_after = largest_free();
-  r.fragmentation_after = fragmentation(r.largest_free_after, r.free_bytes_after);
-  return r;
-}
-
 PoolStats DevicePool::stats() const {
   std::lock_guard lock(mu_);
   PoolStats s = st_;
-  std::int64_t allocated = 0;
-  for (const auto& c : caches_) {
-    allocated += c->allocated_delta();
-    s.alloc_count += get(c->pops);
-    s.free_count += get(c->pops) + get(c->drained_blocks);  // + what it holds, counted below
-    s.thread_cached_bytes += c->cached_bytes();
-    s.peak_allocated_bytes =
-        std::max(s.peak_allocated_bytes, static_cast<std::uint64_t>(c->peak_candidate()));
-  }
-  // Counted, not tracked (Note [Thread cache], "Figures"): a held block has
-  // an odd generation; an allocated one with an even generation sits in a
-  // thread cache, where a free put it.
-  for (const auto& seg : segments_) {
-    for (const PoolBlock* b = seg->head; b; b = b->next) {
-      if (!b->allocated) continue;
-      if (b->held()) {
-        ++s.active_blocks;
-        s.requested_bytes += b->requested.load(std::memory_order_relaxed);
-      } else {
-        ++s.free_count;
-      }
-    }
-  }
-  s.allocated_bytes += static_cast<std::uint64_t>(allocated);
-  s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, s.allocated_bytes);
-  s.thread_caches = caches_.size();
   s.segments = segments_.size();
   s.free_blocks = free_runs(&s.largest_free_bytes);
   s.free_bytes = total_free();
@@ -1405,15 +525,8 @@ PoolStats DevicePool::stats() const {
 
 void DevicePool::reset_peaks() {
   std::lock_guard lock(mu_);
-  std::int64_t delta = thread_allocated_delta();
-  std::uint64_t now = st_.allocated_bytes + static_cast<std::uint64_t>(delta);
-  st_.peak_allocated_bytes = now;
+  st_.peak_allocated_bytes = st_.allocated_bytes;
   st_.peak_reserved_bytes = st_.reserved_bytes;
-  for (const auto& c : caches_) {  // an estimate if their owners pop meanwhile
-    std::int64_t d = c->allocated_delta();
-    c->base.store(static_cast<std::int64_t>(now) - d, std::memory_order_relaxed);
-    c->high_room.store(get(c->room), std::memory_order_relaxed);
-  }
 }
 
 std::vector<BlockInfo> DevicePool::snapshot() const {
@@ -1425,248 +538,17 @@ std::vector<BlockInfo> DevicePool::snapshot() const {
   std::vector<BlockInfo> out;
   for (std::size_t i = 0; i < segs.size(); ++i) {
     for (const PoolBlock* b = segs[i]->head; b; b = b->next) {
-      bool free = b->free_now();
-      bool merge = free && b->prev && b->prev->free_now();  // a cached block's run
+      bool free = !b->allocated;
+      bool merge = free && b->prev && !b->prev->allocated;  // a cached block's run
       if (merge) {
         out.back().size += b->size;
       } else {
-        out.push_back(BlockInfo{b->ptr, b->size, !free, b->movable.load(std::memory_order_relaxed),
-                                segs[i]->kind == kSmall, segs[i]->expandable, i});
+        out.push_back(
+            BlockInfo{b->ptr, b->size, !free, segs[i]->kind == kSmall, segs[i]->expandable, i});
       }
     }
   }
   return out;
-}
-
-// ---- VirtualSegmentSource --------------------------------------------------
-
-VirtualSegmentSource::VirtualSegmentSource(std::uint64_t granularity,
-                                           std::uint64_t physical_capacity, bool vmm)
-    : granularity_(granularity ? granularity : 1),
-      capacity_(physical_capacity),
-      vmm_(vmm),
-      // Far from anything real, so a stray dereference faults at once.
-      next_address_(std::uintptr_t{1} << 44) {}
-
-void VirtualSegmentSource::fail_after(std::uint64_t calls) {
-  std::lock_guard lock(mu_);
-  fail_countdown_ = static_cast<std::int64_t>(calls);
-}
-
-bool VirtualSegmentSource::inject_failure() {
-  if (fail_countdown_ < 0) return false;
-  if (fail_countdown_-- > 0) return false;
-  ++counters_.failures;
-  return true;
-}
-
-Status VirtualSegmentSource::take_physical(std::uint64_t bytes) {
-  if (capacity_ && bytes > capacity_ - counters_.physical_bytes) {
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  counters_.physical_bytes += bytes;
-  return Status::ok;
-}
-
-Status VirtualSegmentSource::allocate_segment(std::uint64_t bytes, void** base) {
-  std::lock_guard lock(mu_);
-  ++counters_.allocate_segment;
-  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
-  if (inject_failure()) return Status::out_of_memory;
-  if (Status s = take_physical(bytes); !ok(s)) return s;
-  std::uintptr_t a = next_address_;
-  next_address_ += bytes + granularity_;  // a guard gap: segments never touch
-  ranges_[a] = bytes;
-  *base = as_ptr(a);
-  return Status::ok;
-}
-
-Status VirtualSegmentSource::free_segment(void* base, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.free_segment;
-  auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(base));
-  if (it == ranges_.end() || it->second != bytes) return Status::invalid_argument;
-  ranges_.erase(it);
-  counters_.physical_bytes -= bytes;
-  return Status::ok;
-}
-
-Status VirtualSegmentSource::reserve(std::uint64_t bytes, void** base) {
-  std::lock_guard lock(mu_);
-  ++counters_.reserve;
-  if (!vmm_) return Status::unsupported;
-  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
-  if (inject_failure()) return Status::out_of_memory;
-  std::uintptr_t a = next_address_;
-  next_address_ += bytes + granularity_;
-  ranges_[a] = bytes;
-  *base = as_ptr(a);
-  return Status::ok;
-}
-
-Status VirtualSegmentSource::map(void* addr, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.map;
-  auto a = reinterpret_cast<std::uintptr_t>(addr);
-  if (!vmm_) return Status::unsupported;
-  if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
-  if (inject_failure()) return Status::out_of_memory;
-  return take_physical(bytes);
-}
-
-Status VirtualSegmentSource::unmap(void* addr, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.unmap;
-  auto a = reinterpret_cast<std::uintptr_t>(addr);
-  if (!vmm_) return Status::unsupported;
-  if (a % granularity_ || bytes % granularity_ || bytes > counters_.physical_bytes) {
-    return Status::invalid_argument;
-  }
-  counters_.physical_bytes -= bytes;
-  return Status::ok;
-}
-
-Status VirtualSegmentSource::release(void* base, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.release;
-  auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(base));
-  if (it == ranges_.end() || it->second != bytes) return Status::invalid_argument;
-  ranges_.erase(it);
-  return Status::ok;
-}
-
-// ---- CpuSegmentSource ------------------------------------------------------
-
-CpuSegmentSource::CpuSegmentSource(std::uint64_t granularity, std::uint64_t physical_capacity)
-    : granularity_(std::max<std::uint64_t>(granularity,
-                                           static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)))),
-      capacity_(physical_capacity) {}
-
-CpuSegmentSource::~CpuSegmentSource() {
-  for (auto& [base, r] : reservations_) {
-    ::munmap(as_ptr(base), r.bytes);
-    ::close(r.fd);
-  }
-}
-
-Status CpuSegmentSource::take_physical(std::uint64_t bytes) {
-  if (capacity_ && bytes > capacity_ - counters_.physical_bytes) {
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  counters_.physical_bytes += bytes;
-  return Status::ok;
-}
-
-Status CpuSegmentSource::allocate_segment(std::uint64_t bytes, void** base) {
-  std::lock_guard lock(mu_);
-  ++counters_.allocate_segment;
-  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
-  if (Status s = take_physical(bytes); !ok(s)) return s;
-  void* p = map_aligned(bytes, granularity_);
-  if (!p) {
-    counters_.physical_bytes -= bytes;
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  *base = p;
-  return Status::ok;
-}
-
-Status CpuSegmentSource::free_segment(void* base, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.free_segment;
-  if (!base || bytes % granularity_ || ::munmap(base, bytes) != 0) return Status::invalid_argument;
-  counters_.physical_bytes -= bytes;
-  return Status::ok;
-}
-
-Status CpuSegmentSource::reserve(std::uint64_t bytes, void** base) {
-  std::lock_guard lock(mu_);
-  ++counters_.reserve;
-  if (!base || bytes == 0 || bytes % granularity_) return Status::invalid_argument;
-  int fd = ::memfd_create("u3m-pool", MFD_CLOEXEC);
-  if (fd < 0) return Status::device_failed;
-  // A sparse file as large as the range: chunk i of the range is chunk i of
-  // the file, so a chunk keeps no data once unmapped and punched out.
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    ::close(fd);
-    return Status::out_of_memory;
-  }
-  void* p =
-      map_aligned(bytes, granularity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE);
-  if (!p) {
-    ::close(fd);
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  reservations_[reinterpret_cast<std::uintptr_t>(p)] = Reservation{bytes, fd};
-  *base = p;
-  return Status::ok;
-}
-
-std::map<std::uintptr_t, CpuSegmentSource::Reservation>::iterator
-CpuSegmentSource::find_reservation(std::uintptr_t addr, std::uint64_t bytes) {
-  auto it = reservations_.upper_bound(addr);
-  if (it == reservations_.begin()) return reservations_.end();
-  --it;
-  if (addr - it->first > it->second.bytes || bytes > it->second.bytes - (addr - it->first)) {
-    return reservations_.end();
-  }
-  return it;
-}
-
-Status CpuSegmentSource::map(void* addr, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.map;
-  auto a = reinterpret_cast<std::uintptr_t>(addr);
-  if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
-  auto it = find_reservation(a, bytes);
-  if (it == reservations_.end()) return Status::invalid_argument;
-  if (Status s = take_physical(bytes); !ok(s)) return s;
-  auto off = static_cast<off_t>(a - it->first);
-  // fallocate commits the pages now (like cuMemCreate), so a full machine
-  // answers out_of_memory here instead of SIGBUS on first touch.
-  if (::fallocate(it->second.fd, 0, off, static_cast<off_t>(bytes)) != 0 ||
-      ::mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, it->second.fd, off) ==
-          MAP_FAILED) {
-    ::fallocate(it->second.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off,
-                static_cast<off_t>(bytes));
-    counters_.physical_bytes -= bytes;
-    ++counters_.failures;
-    return Status::out_of_memory;
-  }
-  return Status::ok;
-}
-
-Status CpuSegmentSource::unmap(void* addr, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.unmap;
-  auto a = reinterpret_cast<std::uintptr_t>(addr);
-  if (bytes == 0 || a % granularity_ || bytes % granularity_) return Status::invalid_argument;
-  auto it = find_reservation(a, bytes);
-  if (it == reservations_.end()) return Status::invalid_argument;
-  // Back to reserved-only address space, then drop the pages from the file.
-  if (::mmap(addr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
-             0) == MAP_FAILED) {
-    return Status::device_failed;
-  }
-  ::fallocate(it->second.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-              static_cast<off_t>(a - it->first), static_cast<off_t>(bytes));
-  counters_.physical_bytes -= bytes;
-  return Status::ok;
-}
-
-Status CpuSegmentSource::release(void* base, std::uint64_t bytes) {
-  std::lock_guard lock(mu_);
-  ++counters_.release;
-  auto it = reservations_.find(reinterpret_cast<std::uintptr_t>(base));
-  if (it == reservations_.end() || it->second.bytes != bytes) return Status::invalid_argument;
-  ::munmap(base, bytes);
-  ::close(it->second.fd);
-  reservations_.erase(it);
-  return Status::ok;
 }
 
 }  // namespace u3m::mem

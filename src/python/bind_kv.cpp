@@ -80,6 +80,12 @@ py::dict stats_dict(const TieredStore& s) {
   d["bytes_read"] = t.bytes_read;
   d["bytes_written"] = t.bytes_written;
   d["reads_by_tier"] = std::vector<std::uint64_t>(t.reads_by_tier, t.reads_by_tier + kTiers);
+  // Note [Two-phase actions]: actions that failed (or lost their data) and were rolled back,
+  // those cancelled with them, admissions rolled back, blocks lost at rest and dropped.
+  d["failed_actions"] = t.failed + t.lost;
+  d["cancelled_actions"] = t.cancelled;
+  d["aborted_admissions"] = k.aborted_admissions;
+  d["lost_at_rest"] = t.lost_at_rest;
   return d;
 }
 
@@ -177,7 +183,8 @@ void bind_kv(py::module_& m) {
           "ssd_stats", [](const TieredStore& s) { return ssd_dict(s.stack()); },
           "The SSD tier's checks and the faults injected under it (Runtime.stats()['ssd']).")
       // prompt: [(segment id, tokens), ...]. Returns (result, Admission or None): result is
-      // "admitted", "queued", "refused_queue_full" or "too_large".
+      // "admitted", "queued", "refused_queue_full", "too_large" or "aborted" (an action of
+      // its admission failed and was rolled back: it may be submitted again).
       .def(
           "submit",
           [](TieredStore& s, RequestId id,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -775,6 +776,9 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
             ++too_large;
             reqs.erase(id);
             break;
+          case SubmitResult::aborted:
+            ADD_FAILURE() << "request " << id << " aborted, with every action completed ok";
+            break;
         }
       } else {
         auto it = running.begin();
@@ -815,5 +819,217 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
     if (hbm_home) {
       EXPECT_GT(m.stats().promoted_host_slots, 0u) << "no DRAM hit was promoted";
     }
+  }
+}
+
+// ---------------------------------------------------------------- two-phase actions
+
+namespace {
+
+// A driver of the two-phase protocol (Note [Two-phase actions]): it starts prepared actions
+// in a random order that `after` allows, completes them later, fails a share of them, and
+// keeps a physical model of the slots. A take occupies its destination from its start, a
+// leave frees its source at completion: the model must never hold more than a tier has.
+struct TwoPhaseDriver {
+  TwoPhaseDriver(BlockManager& manager, std::uint64_t seed, double p)
+      : m(manager), rng(seed), fail_p(p) {}
+  BlockManager& m;
+  std::mt19937_64 rng;
+  double fail_p;
+  std::map<std::uint64_t, Action> pending;  // prepared, by seq
+  std::set<std::uint64_t> started;
+  std::map<BlockId, Tier> phys;  // where each slot's data is
+  std::array<std::uint64_t, kTiers> occ{};
+  std::uint64_t failed = 0, lost = 0, cancelled = 0, max_pending = 0;
+
+  std::uint64_t pick(std::uint64_t n) {
+    return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng);
+  }
+  void take() {
+    for (const Action& a : m.take_prepared()) pending.emplace(a.seq, a);
+    max_pending = std::max<std::uint64_t>(max_pending, pending.size());
+  }
+  bool ready(const Action& a) const {
+    return std::none_of(a.after.begin(), a.after.end(),
+                        [&](std::uint64_t d) { return d && pending.contains(d); });
+  }
+  bool pending_on(BlockId b) const {
+    return std::any_of(pending.begin(), pending.end(),
+                       [&](const auto& p) { return p.second.block == b; });
+  }
+  // One random start or completion; false if nothing could move.
+  bool step() {
+    std::vector<std::uint64_t> can_start, can_finish(started.begin(), started.end());
+    for (const auto& [seq, a] : pending)
+      if (!started.contains(seq) && ready(a)) can_start.push_back(seq);
+    if (can_start.empty() && can_finish.empty()) return false;
+    const bool do_start = !can_start.empty() && (can_finish.empty() || pick(2));
+    if (do_start) {
+      const std::uint64_t seq = can_start[pick(can_start.size())];
+      const Action& a = pending.at(seq);
+      if (a.kind == Action::Kind::move) {
+        EXPECT_EQ(phys.at(a.block), a.from) << "seq " << seq;
+      }
+      if (a.kind != Action::Kind::free) {
+        const int t = static_cast<int>(a.to);
+        EXPECT_LT(occ[t], m.use(a.to).capacity) << "a take started into a full tier " << t;
+        ++occ[t];
+      }
+      started.insert(seq);
+      return true;
+    }
+    const std::uint64_t seq = can_finish[pick(can_finish.size())];
+    const Action a = pending.at(seq);
+    started.erase(seq);
+    pending.erase(seq);
+    Outcome o = Outcome::ok;
+    if (a.kind != Action::Kind::free && pick(1000) < fail_p * 1000)
+      o = a.kind == Action::Kind::move && a.from == Tier::ssd && pick(2) ? Outcome::lost
+                                                                          : Outcome::failed;
+    if (o == Outcome::ok) {
+      if (a.kind == Action::Kind::free) {
+        if (phys.contains(a.block)) {
+          --occ[static_cast<int>(phys.at(a.block))];
+          phys.erase(a.block);
+        }
+      } else {
+        if (a.kind == Action::Kind::move) --occ[static_cast<int>(a.from)];
+        phys[a.block] = a.to;
+      }
+    } else {
+      ++(o == Outcome::lost ? lost : failed);
+      --occ[static_cast<int>(a.to)];
+    }
+    for (std::uint64_t c : m.complete(seq, o)) {
+      EXPECT_FALSE(started.contains(c)) << "cancelled after it started: " << c;
+      EXPECT_TRUE(pending.erase(c)) << "cancelled twice or unknown: " << c;
+      ++cancelled;
+    }
+    m.check_invariants();
+    return true;
+  }
+  void run_until(const std::function<bool()>& done) {
+    while (!done()) ASSERT_TRUE(step()) << "stuck with " << pending.size() << " pending";
+  }
+  // After every manager call: the admission-critical actions complete, then settle().
+  std::vector<RequestId> settle(bool drain_all) {
+    take();
+    run_until([&] {
+      return std::none_of(pending.begin(), pending.end(),
+                          [](const auto& p) { return admission_critical(p.second); });
+    });
+    std::vector<RequestId> refused = m.settle();
+    take();
+    if (drain_all)
+      run_until([&] { return pending.empty(); });
+    else
+      for (std::uint64_t n = pick(8); n > 0 && step(); --n) {
+      }
+    check();
+    return refused;
+  }
+  // Every settled slot is where the manager says; with nothing pending, the counts agree.
+  void check() {
+    m.check_invariants();
+    for (const auto& [b, t] : phys)
+      if (!pending_on(b)) {
+        ASSERT_EQ(m.slot_tier(b / kMaxGroups, b % kMaxGroups), t) << b;
+      }
+    if (!pending.empty()) return;
+    for (int t = 0; t < kTiers; ++t) ASSERT_EQ(occ[t], m.use(static_cast<Tier>(t)).used) << t;
+  }
+};
+
+}  // namespace
+
+// Note [Two-phase actions]: random submits, finishes and spills; the driver fails 4% or 12%
+// of the allocations and moves (half of the failed promotions from SSD as lost data) and
+// completes the rest in random orders, leaving background work pending across calls in half
+// the runs. Every invariant holds after every completion, no take ever finds its tier full,
+// the manager and the driver agree on every settled slot, and every request runs exactly once:
+// aborted ones are submitted again, rolled-back queued ones admitted later.
+TEST(KvTwoPhase, RandomFailuresRollBackAndLoseNoRequest) {
+  for (int seed = 1; seed <= 6; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    KvConfig c = tiered(10, 14, 24);
+    c.policy = seed % 3 == 0 ? EvictionPolicy::pgdsf : EvictionPolicy::lru;
+    if (seed % 2) c.home.assign(c.geometry.groups(), Tier::device);  // DRAM hits promoted
+    c.overcommit = 1.5;
+    c.pin_budget_slots = 2;
+    BlockManager m(c);
+    ASSERT_TRUE(m.pin_prefix({{"sys", 4}}));
+    TwoPhaseDriver d(m, static_cast<std::uint64_t>(seed), seed % 2 ? 0.04 : 0.12);
+    const bool drain_all = seed > 3;
+    std::set<RequestId> running, retry;
+    std::map<RequestId, int> runs;
+    std::map<RequestId, ServeRequest> reqs;
+    auto admitted = [&](const std::vector<Admission>& adm) {
+      for (const Admission& a : adm)
+        if (m.running(a.id)) {
+          ASSERT_TRUE(running.insert(a.id).second);
+        }
+    };
+    RequestId next = 1;
+    const RequestId total = 250;
+    for (int guard = 0; next <= total || !running.empty() || !retry.empty() || m.queue_length();
+         ++guard) {
+      ASSERT_LT(guard, 20'000);
+      const std::uint64_t r = d.pick(100);
+      if (r < 45 && (next <= total || !retry.empty())) {
+        RequestId id;
+        if (!retry.empty() && (next > total || d.pick(2))) {
+          id = *retry.begin();
+          retry.erase(retry.begin());
+        } else {
+          id = next++;
+          std::vector<PromptSegment> p;
+          if (d.pick(2)) p.push_back({"sys", 4});
+          for (int i = 0, n = 1 + static_cast<int>(d.pick(3)); i < n; ++i)
+            p.push_back({"d" + std::to_string(d.pick(8)), 4});
+          p.push_back({"q" + std::to_string(id), 1 + static_cast<std::uint32_t>(d.pick(4))});
+          reqs[id] = req(p, 1 + static_cast<std::uint32_t>(d.pick(6)));
+        }
+        Admission a;
+        const SubmitResult s = m.submit(id, reqs.at(id), &a);
+        ASSERT_NE(s, SubmitResult::too_large);
+        const std::vector<RequestId> refused = d.settle(drain_all);
+        if (s == SubmitResult::admitted && m.running(id)) admitted({a});
+        if (s == SubmitResult::refused_queue_full || std::count(refused.begin(), refused.end(), id))
+          retry.insert(id);
+      } else if (r < 85 && !running.empty()) {
+        auto it = running.begin();
+        std::advance(it, static_cast<long>(d.pick(running.size())));
+        const RequestId id = *it;
+        running.erase(it);
+        ++runs[id];
+        const std::vector<Admission> adm = m.finish(id);
+        ASSERT_TRUE(d.settle(drain_all).empty()) << "queued admissions are requeued, not refused";
+        admitted(adm);
+      } else if (r < 92 && m.emergency()) {
+        m.spill(c.geometry.slot_bytes() * (1 + d.pick(3)));
+        d.settle(drain_all);
+      } else if (running.empty() && m.queue_length()) {
+        const std::vector<Admission> adm = m.admit_waiting();
+        d.settle(drain_all);
+        admitted(adm);
+      }
+      for (RequestId id : running)  // an admitted request holds all its slots in memory
+        for (TokenBlockId tb : m.table(id))
+          for (std::uint32_t g = 0; g < 2; ++g) ASSERT_NE(m.slot_tier(tb, g), Tier::ssd);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    d.run_until([&] { return d.pending.empty(); });
+    d.check();
+    ASSERT_EQ(runs.size(), reqs.size());
+    for (const auto& [id, n] : runs) ASSERT_EQ(n, 1) << "request " << id;
+    const KvStats& s = m.stats();
+    EXPECT_EQ(s.admitted, s.finished) << "the admission counters were not taken back";
+    EXPECT_EQ(s.failed_actions, d.failed + d.lost);
+    EXPECT_GT(d.failed, 50u);
+    EXPECT_GT(d.cancelled, 0u);
+    EXPECT_GT(s.aborted_admissions, 0u);
+    EXPECT_GT(s.damaged_blocks, 0u);
+    EXPECT_GT(d.max_pending, 4u);
+    EXPECT_EQ(m.referenced_slots(), 0u);
   }
 }

@@ -1,7 +1,7 @@
 // DevicePool behaviour: rounding, split/coalesce, best fit, caching, out of
-// memory, expandable segments, fragmentation, compaction; and the two segment
-// sources. Most tests run over VirtualSegmentSource (fake addresses, never
-// dereferenced); the ones that check data use CpuSegmentSource (real memory).
+// memory, expandable segments, fragmentation; and the two segment sources. Most tests run over
+// VirtualSegmentSource (fake addresses, never dereferenced); the ones that check data use
+// CpuSegmentSource (real memory).
 #include "u3m/mem/pool.hpp"
 
 #include <cstring>
@@ -21,10 +21,9 @@ std::uintptr_t addr(const PoolAllocation& a) {
 }
 
 // Allocates or fails the test.
-PoolAllocation must_alloc(DevicePool& pool, std::uint64_t bytes, bool movable = false,
-                          std::uint64_t owner = 0) {
+PoolAllocation must_alloc(DevicePool& pool, std::uint64_t bytes) {
   PoolAllocation a;
-  Status s = pool.allocate(bytes, &a, movable, owner);
+  Status s = pool.allocate(bytes, &a);
   EXPECT_EQ(s, Status::ok) << "allocate(" << bytes << "): " << to_string(s);
   return a;
 }
@@ -370,110 +369,17 @@ TEST(CpuSourceTest, SegmentsAreAlignedAndCapacityBounded) {
   EXPECT_EQ(src.counters().physical_bytes.load(), 0u);
 }
 
-// Compaction over real memory: a test callback moves the bytes and repoints
-// the owner; every block's content must survive.
-struct Owned {
-  PoolAllocation a;
-  unsigned char tag = 0;
-};
-
-void fill(const Owned& o) {
-  std::memset(o.a.ptr, o.tag, o.a.requested);
-}
-bool intact(const Owned& o) {
-  const auto* p = static_cast<const unsigned char*>(o.a.ptr);
-  for (std::uint64_t i = 0; i < o.a.requested; ++i) {
-    if (p[i] != o.tag) return false;
-  }
-  return true;
-}
-
-TEST(CompactTest, SlidesMovableBlocksDownAndKeepsData) {
-  CpuSegmentSource src(2 * MiB);
-  DevicePool pool(src);
-  std::vector<Owned> owned(8);
-  for (std::uint64_t i = 0; i < 8; ++i) {
-    owned[i].a = must_alloc(pool, 256 * KiB - 100, /*movable=*/i != 3, /*owner=*/i);
-    owned[i].tag = static_cast<unsigned char>(0x10 + i);
-    fill(owned[i]);
-  }
-  for (int i : {0, 2, 4, 6}) ASSERT_EQ(pool.free(owned[i].a), Status::ok);
-  std::vector<PoolMove> seen;
-  CompactResult r = pool.compact([&](const PoolMove& m) {
-    EXPECT_EQ(owned[m.owner].a.ptr, m.from.ptr);
-    EXPECT_LT(m.to.ptr, m.from.ptr);
-    EXPECT_EQ(m.to.requested, m.from.requested);
-    std::memcpy(m.to.ptr, m.from.ptr, m.from.requested);
-    owned[m.owner].a = m.to;
-    seen.push_back(m);
-    return true;
-  });
-  EXPECT_NEAR(r.fragmentation_before, 0.75, 1e-12);
-  // Blocks 7 and 5 fill holes 0 and 2; 3 is pinned, 1 has no hole below it.
-  ASSERT_EQ(seen.size(), 2u);
-  EXPECT_EQ(seen[0].owner, 7u);
-  EXPECT_EQ(seen[1].owner, 5u);
-  EXPECT_EQ(r.moves, 2u);
-  EXPECT_EQ(r.fragmentation_after, 0.0);  // free space is one block at the top
-  EXPECT_EQ(r.largest_free_after, 1 * MiB);
-  for (int i : {1, 3, 5, 7}) EXPECT_TRUE(intact(owned[i])) << i;
-  for (int i : {1, 3, 5, 7}) ASSERT_EQ(pool.free(owned[i].a), Status::ok);
-  EXPECT_EQ(pool.stats().active_blocks, 0u);
-  EXPECT_EQ(pool.stats().moves, 2u);
-}
-
-TEST(CompactTest, RefusedMovesKeepTheBlock) {
-  CpuSegmentSource src(2 * MiB);
-  DevicePool pool(src);
-  std::vector<Owned> owned(4);
-  for (std::uint64_t i = 0; i < 4; ++i) {
-    owned[i].a = must_alloc(pool, 512 * KiB, true, i);
-    owned[i].tag = static_cast<unsigned char>(0x40 + i);
-    fill(owned[i]);
-  }
-  ASSERT_EQ(pool.free(owned[0].a), Status::ok);
-  PoolStats before = pool.stats();
-  CompactResult r = pool.compact([](const PoolMove&) { return false; });
-  EXPECT_EQ(r.refused, 3u);  // blocks 3, 2, 1 are each offered block 0's hole
-  EXPECT_EQ(r.moves, 0u);
-  EXPECT_EQ(r.fragmentation_after, r.fragmentation_before);
-  PoolStats after = pool.stats();
-  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
-  EXPECT_EQ(after.free_blocks, before.free_blocks);
-  for (int i : {1, 2, 3}) EXPECT_TRUE(intact(owned[i])) << i;
-}
-
-TEST(CompactTest, ExpandableTailIsReleasedAfterCompaction) {
-  VirtualSegmentSource src(2 * MiB);
-  PoolConfig c;
-  c.expandable_segments = true;
-  DevicePool pool(src, c);
-  std::vector<PoolAllocation> blocks;
-  for (std::uint64_t i = 0; i < 6; ++i) blocks.push_back(must_alloc(pool, 4 * MiB, true, i));
-  for (int i : {0, 1, 2, 3}) ASSERT_EQ(pool.free(blocks[i]), Status::ok);
-  EXPECT_EQ(pool.stats().reserved_bytes, 24 * MiB);
-  CompactResult r = pool.compact([&](const PoolMove& m) {
-    blocks[m.owner] = m.to;
-    return true;
-  });
-  EXPECT_EQ(r.moves, 2u);
-  EXPECT_EQ(r.released_bytes, 16 * MiB);
-  EXPECT_EQ(pool.stats().reserved_bytes, 8 * MiB);
-  EXPECT_EQ(src.counters().physical_bytes.load(), 8 * MiB);
-  EXPECT_EQ(r.fragmentation_after, 0.0);
-}
-
-// Note [Free index] in pool.cpp: the size-class bins must choose exactly what
+// Note [Free index] in free_index.cpp: the size-class bins must choose exactly what
 // an ordered (size, address) set would. A random mix of sizes across many
 // classes (and both pools), each allocation checked against the layout just
 // before it: when a free block fits, the pool must take the smallest one, the
-// lowest-addressed among equals. Caches are off so every free block sits in
+// lowest-addressed among equals. The cache is off so every free block sits in
 // the index (the layout is the index's content).
 class BestFitRuleTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BestFitRuleTest, TakesTheSmallestFittingBlockLowestAddressFirst) {
   VirtualSegmentSource src;
-  PoolConfig cfg = PoolConfig::parse("thread_cache_blocks:0,fast_cache_blocks:0");
+  PoolConfig cfg = PoolConfig::parse("fast_cache_blocks:0");
   cfg.expandable_segments = GetParam();
   DevicePool pool(src, cfg);
   std::mt19937_64 rng(20261129);

@@ -76,6 +76,9 @@ struct Residency {
   std::uint32_t readers = 0;
   bool writer = false;
   bool lost = false;  // no readable copy is left (reported, never hidden)
+  // An eviction of that copy is queued or running (it ends by dropping the copy, or by
+  // clearing this after a failed write-back): how a poller tells "not yet" from "failed".
+  bool leaving[mem::kNumTiers] = {};
 };
 
 // A pinned copy: ptr stays valid and unmoved until release(lease). Any

@@ -13,12 +13,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "u3m/kv/eviction.hpp"
 #include "u3m/mem/status.hpp"
 #include "u3m/workload/request_trace.hpp"
 #include "u3m/workload/shape.hpp"
@@ -56,10 +58,6 @@ struct KvGeometry {
                        std::uint32_t layers_per_group = 4, std::uint32_t dtype_bytes = 2);
 };
 
-enum class EvictionPolicy : std::uint8_t { lru, lfu, pgdsf };
-std::string_view to_string(EvictionPolicy p);
-// "lru", "lfu" (LFU with exponential aging), "pgdsf"; InputError naming `where` and the choices.
-EvictionPolicy parse_eviction_policy(std::string_view name, std::string_view where);
 
 struct KvConfig {
   KvGeometry geometry;
@@ -101,20 +99,32 @@ constexpr BlockId block_id(TokenBlockId tb, std::uint32_t group) {
   return tb * kMaxGroups + group;
 }
 
-// What the driver must carry out, in order.
+// What the driver must carry out (Note [Two-phase actions] in block_manager.cpp): each action
+// is prepared by a decision and completed by the driver with BlockManager::complete().
 struct Action {
   enum class Kind : std::uint8_t { allocate, move, free };
-  enum class Reason : std::uint8_t { admit, evict, promote, spill, finish };
+  // abort: freeing the blocks of an admission rolled back (Note [Two-phase actions]).
+  enum class Reason : std::uint8_t { admit, evict, promote, spill, finish, abort };
   Kind kind = Kind::allocate;
   Reason reason = Reason::admit;
   BlockId block = 0;
   Tier from = Tier::device;  // move, free
   Tier to = Tier::device;    // allocate, move
   std::uint64_t bytes = 0;   // the group's real bytes
+  std::uint64_t seq = 0;     // the manager's ticket, for complete()
+  // Actions that must be completed before this one starts (0 = none): [0] the previous
+  // action on the same slot, [1] the action vacating the slot this one takes.
+  std::array<std::uint64_t, 2> after{};
   bool operator==(const Action&) const = default;
 };
 std::string_view to_string(Action::Kind k);
 std::string_view to_string(Action::Reason r);
+
+// How the driver completed an action. failed: nothing happened (the block is where it was);
+// lost: the block's data is gone (an SSD copy that no longer reads back).
+enum class Outcome : std::uint8_t { ok, failed, lost };
+// Allocations and moves up from SSD: an admission holds only once they are done.
+bool admission_critical(const Action& a);
 
 struct Admission {
   RequestId id = 0;
@@ -136,6 +146,9 @@ enum class SubmitResult : std::uint8_t {
   queued,
   refused_queue_full,  // the caller still owns the request and may submit it again
   too_large,           // can never fit, even alone (Note [Never lost])
+  // An action of its admission failed and the admission was rolled back (Note [Two-phase
+  // actions]): nothing of it remains, the caller still owns it and may submit it again.
+  aborted,
 };
 std::string_view to_string(SubmitResult r);
 
@@ -164,6 +177,11 @@ struct KvStats {
   std::uint64_t spilled_slots = 0, spilled_bytes = 0;
   std::uint64_t alerts = 0;  // emergency entries
   std::uint64_t peak_referenced_slots = 0, peak_running = 0, peak_queue = 0;
+  // Note [Two-phase actions]: actions the driver completed as failed or lost, actions
+  // cancelled because one they waited for failed, admissions rolled back, cached blocks
+  // dropped because their data was lost or never allocated.
+  std::uint64_t failed_actions = 0, cancelled_actions = 0, aborted_admissions = 0,
+                damaged_blocks = 0;
 };
 
 class BlockManager {
@@ -198,7 +216,31 @@ class BlockManager {
   // (decode fetches only its own blocks; layer-wise prefetch goes group by group).
   std::vector<std::array<std::uint32_t, kTiers>> slots_by_group(RequestId id) const;
 
-  std::vector<Action> take_actions();  // the driver's work since the last call
+  // Note [Two-phase actions]. The actions prepared since the last call; the driver carries
+  // each out once every action in its `after` is completed, and reports it with complete().
+  std::vector<Action> take_prepared();
+  // Completes a prepared action. ok commits it; failed or lost rolls it back (the slot stays
+  // where it was) with every action that waited for it, whose seqs are returned: the driver
+  // must not carry those out. invalid_argument for an unknown seq, logic_error for one
+  // completed before an action it waits for.
+  std::vector<std::uint64_t> complete(std::uint64_t seq, Outcome outcome);
+  // Once every admission-critical action of the requests admitted since the last settle()
+  // is completed: rolls back each admission that did not get all its slots in memory (a
+  // failed allocation or promotion). Requests admitted from the queue go back to its front
+  // in order; those admitted by submit() are returned (their submit counts as aborted).
+  // Damaged cached blocks nobody references are dropped. logic_error if called too early.
+  std::vector<RequestId> settle();
+  // For drivers whose actions cannot fail (the simulator, tests): take_prepared(), each
+  // completed ok in order, then settle().
+  std::vector<Action> take_actions();
+  // Admits queued requests that fit now (what finish() does after freeing); for a driver
+  // whose queued admissions were rolled back while nothing runs.
+  std::vector<Admission> admit_waiting();
+  std::size_t pending_actions() const { return ops_.size(); }
+  // The driver found a slot's data gone outside any action (an SSD copy at rest that no
+  // longer reads back): its token block is dropped once nobody references it, so no later
+  // request hits it. No-op for a block already gone.
+  void lost(BlockId block);
   void on_alert(std::function<void(const KvAlert&)> fn) { alert_ = std::move(fn); }
 
   bool running(RequestId id) const { return requests_.contains(id); }
@@ -224,11 +266,11 @@ class BlockManager {
     bool pinned = false;
     std::uint32_t index = 0;      // position in the sequence
     std::uint32_t refs = 0;       // running requests using it
-    std::uint64_t freq = 0;       // uses (PGDSF)
-    double decayed = 0;           // LFU: uses, halved every lfu_half_life ticks
-    std::uint64_t last_tick = 0;  // LFU: when `decayed` was last updated
+    BlockUse use;                 // what the eviction policy keeps of it
     double prio = 0;              // eviction priority: lower goes first
-    std::vector<Tier> tier;       // per group
+    std::vector<Tier> tier;       // per group: where it rests once its actions are done
+    std::vector<std::uint8_t> absent;  // per group: its allocation failed (no slot held)
+    bool damaged = false;  // a slot is absent or its data was lost: dropped when unreferenced
   };
   struct Victim {  // one evictable slot
     double prio;
@@ -243,6 +285,21 @@ class BlockManager {
     std::uint64_t prompt_tokens;
     std::uint32_t blocks;  // prompt + output
   };
+  // A prepared action not completed yet (Note [Two-phase actions]).
+  struct Op {
+    Action a;
+    TokenBlockId tb = 0;
+    std::uint32_t g = 0;
+    std::uint64_t claim = 0;    // a take: the pending leave whose vacancy it uses
+    std::uint64_t claimer = 0;  // a leave: the take that uses its vacancy
+    std::uint64_t prev = 0, next = 0;  // pending actions on the same slot
+  };
+  struct Fresh {  // admitted since the last settle()
+    Pending p;
+    Admission a;
+    bool from_queue;
+    std::vector<TokenBlockId> created;  // cached blocks it made, whose KV it is to compute
+  };
   struct Need {
     std::uint64_t mem_slots = 0;  // new locks in HBM + DRAM
     std::uint64_t new_refs = 0;   // slots that become referenced
@@ -252,7 +309,8 @@ class BlockManager {
   bool too_large(const Pending& p) const;
   Need need_of(const Pending& p) const;
   bool fits(const Pending& p) const;
-  Admission admit(const Pending& p);
+  Admission admit(const Pending& p, bool from_queue);
+  void account(const Pending& p, const Admission& a, bool add);  // admission counters
   void admit_queued(std::vector<Admission>& out);
   void touch(const std::vector<TokenBlockId>& chain);
 
@@ -264,9 +322,19 @@ class BlockManager {
   void evict_slot(const Victim& v, Tier t);
   void move_slot(TokenBlockId tb, std::uint32_t g, Tier to, Action::Reason why);
   void drop(TokenBlockId tb, Action::Reason why);
+  void emit(Action a, TokenBlockId tb, std::uint32_t g);  // registers a prepared action
+  void revert(std::uint64_t seq, std::vector<std::uint64_t>& cancelled);
+  void cancel(std::uint64_t seq, std::vector<std::uint64_t>& cancelled);
+  // A free whose slot is in `to` after all (the move before it failed).
+  void rehome_free(std::uint64_t seq, Tier to, std::vector<std::uint64_t>& cancelled);
+  void retier(TokenBlockId tb, std::uint32_t g, Tier to);  // a reverted move: slot back
+  void damage(TokenBlockId tb);
+  void uncredit(int t, std::uint64_t seq);
   void ref(TokenBlock& b, TokenBlockId id);
   void unref(TokenBlock& b, TokenBlockId id);
-  bool evictable(const TokenBlock& b) const { return b.cached && b.refs == 0 && !b.pinned; }
+  bool evictable(const TokenBlock& b) const {
+    return b.cached && b.refs == 0 && !b.pinned && !b.damaged;
+  }
   void list(const TokenBlock& b, TokenBlockId id);
   void unlist(const TokenBlock& b, TokenBlockId id);
   bool locked(const TokenBlock& b) const { return b.refs > 0 || b.pinned; }
@@ -288,9 +356,19 @@ class BlockManager {
   std::array<std::set<Victim>, kTiers> victims_;
   std::unordered_map<RequestId, std::vector<TokenBlockId>> requests_;
   std::deque<Pending> queue_;
-  std::vector<Action> actions_;
+  std::vector<Action> actions_;  // prepared, not taken yet
+  // Note [Two-phase actions]: pending actions by seq; the last pending action per slot; per
+  // tier, pending leaves (moves out, frees), those a take has claimed, and the unclaimed ones
+  // in order. used_ counts slots where blocks rest once everything completes.
+  std::unordered_map<std::uint64_t, Op> ops_;
+  std::unordered_map<BlockId, std::uint64_t> slot_last_;
+  std::array<std::uint64_t, kTiers> leaving_{}, claimed_{};
+  std::array<std::deque<std::uint64_t>, kTiers> credits_;
+  std::vector<Fresh> fresh_;
+  std::vector<TokenBlockId> damaged_;  // damaged blocks still referenced, or not yet dropped
+  std::uint64_t next_seq_ = 1;
   TokenBlockId next_tb_ = 1;
-  double clock_ = 0;                  // PGDSF aging: the priority of the last block dropped
+  std::unique_ptr<Eviction> eviction_;  // Note [Eviction order]
   std::uint64_t tick_ = 0;            // one per admission: LRU recency, LFU decay
   std::uint64_t admitted_slots_ = 0;  // sum of admitted requests' slots, for the mean
   bool emergency_ = false;

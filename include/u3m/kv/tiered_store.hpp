@@ -8,7 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -21,19 +24,34 @@
 namespace u3m::kv {
 
 struct TieredStoreStats {
-  std::uint64_t allocated = 0, moved = 0, freed = 0;  // actions carried out
-  std::uint64_t moved_bytes = 0;                      // bytes of moves with data
+  std::uint64_t allocated = 0, moved = 0, freed = 0;  // actions completed ok
+  std::uint64_t moved_bytes = 0;                      // bytes of those moves
   std::uint64_t writes = 0, reads = 0;                // write()/read() calls
   std::uint64_t bytes_written = 0, bytes_read = 0;
   std::uint64_t reads_by_tier[kTiers] = {};  // tier the read was served from
+  // Note [Pending transfers]: actions completed as failed or lost, cancelled by the manager
+  // (one they waited for failed), attempts tried again (a write-back to SSD, a free), faults
+  // the test hook injected, admissions rolled back, reads/writes that waited for their
+  // block's pending action, and the most actions pending at once.
+  std::uint64_t failed = 0, lost = 0, cancelled = 0, retried = 0, injected = 0;
+  std::uint64_t aborted = 0, block_waits = 0, peak_pending = 0;
+  std::uint64_t lost_at_rest = 0;  // blocks the engine lost outside any action (dropped)
 };
 
 struct TieredStoreOptions {
   std::string ssd_dir;  // see engine::RealStackOptions::ssd_dir
   mem::FaultSpec ssd_faults;  // injected under the SSD tier (tests); empty = none
-  // After every batch of actions, check that the engine holds each live block in exactly
-  // the tier the manager says (check_agreement). For tests: it walks every live block.
+  // After every call, check that the engine holds each settled block in exactly the tier
+  // the manager says (check_agreement). For tests: it walks every live block.
   bool check_every_step = false;
+  // Fault injection for tests (Note [Pending transfers]): asked before each attempt of an
+  // action reaches the engine; true makes that attempt fail as the engine would report it
+  // (nothing moves; a free is tried again). Null: none.
+  std::function<bool(const Action&)> inject;
+  // Promotions from SSD to HBM in flight at once: each stages through one host slot.
+  unsigned staging_slots = 2;
+  // Attempts of a write-back to SSD (or a free) before it counts as failed.
+  unsigned attempts = 8;
 };
 
 class TieredStore {
@@ -46,25 +64,35 @@ class TieredStore {
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
 
-  // The BlockManager's calls, each followed by carrying out the actions it emitted.
+  // The BlockManager's calls. Each first completes the actions still pending, then decides,
+  // then submits the actions it emitted and returns once its admissions hold (Note [Pending
+  // transfers]): other moves (demotions, spills) and frees go on in the background. An
+  // admission whose allocation or promotion failed is rolled back: submit() then answers
+  // aborted (the caller may submit again), and finish()/admit_waiting() leave the request at
+  // the front of the queue and do not return it.
   SubmitResult submit(RequestId id, const workload::ServeRequest& r, Admission* out = nullptr);
   std::vector<Admission> finish(RequestId id);
+  std::vector<Admission> admit_waiting();
   std::uint64_t spill(std::uint64_t budget_bytes);
   bool pin_prefix(const std::vector<workload::PromptSegment>& prefix);
 
   // Copies `len` bytes into / out of layer group `group` of the request's logical token block
   // `block`, at byte `offset` of the group's slot, through an engine lease in the tier the
-  // block rests in. Throws std::out_of_range for an id, block, group or range outside the
-  // request's table, std::runtime_error naming the engine status if the engine refuses.
-  // Writing a block shared with other requests (a prefix hit) changes it for all of them:
-  // callers write only the blocks their admission did not hit (Admission::hit_blocks).
+  // block rests in, after waiting for that block's pending action only. Throws
+  // std::out_of_range for an id, block, group or range outside the request's table,
+  // std::runtime_error naming the engine status if the engine refuses. Writing a block shared
+  // with other requests (a prefix hit) changes it for all of them: callers write only the
+  // blocks their admission did not hit (Admission::hit_blocks).
   void write(RequestId id, std::uint32_t block, std::uint32_t group, std::uint64_t offset,
              const void* src, std::uint64_t len);
   void read(RequestId id, std::uint32_t block, std::uint32_t group, std::uint64_t offset, void* dst,
             std::uint64_t len);
 
-  // Throws std::logic_error if a live block's engine copies are not where the manager says
-  // (memory copy in another tier, two memory copies, or a referenced block not in memory).
+  void drain();  // waits until no action is pending
+  std::size_t pending() const { return pending_.size(); }
+  // Throws std::logic_error if a settled block's engine copies are not where the manager says
+  // (memory copy in another tier, two memory copies, none in its tier), or, with nothing
+  // pending, if the engine's bytes per tier are not the manager's slots.
   void check_agreement() const;
 
   const BlockManager& manager() const { return bm_; }
@@ -76,19 +104,35 @@ class TieredStore {
   std::size_t live_blocks() const { return live_.size(); }
 
  private:
+  struct Exec {  // an action the manager prepared, not completed yet
+    Action a;
+    bool started = false;
+    bool staged = false;  // holds a staging slot (SSD -> HBM)
+    bool landed = false;  // a move to memory whose copy is there; the other one still to drop
+    unsigned attempts = 0;
+  };
   static engine::RealStackOptions stack_options(const KvConfig& c, const TieredStoreOptions& o);
-  void apply();  // carries out bm_.take_actions() in order
-  void apply(const Action& a);
-  void move_to_memory(engine::TensorId id, Tier to);
-  void move_to_ssd(engine::TensorId id, Tier from);
+  std::vector<RequestId> execute();  // submits the prepared actions, settles admissions
+  void enqueue();                    // the manager's prepared actions into pending_
+  void reap_lost();  // blocks the engine lost at rest: the manager forgets them
+  bool pump();                       // one pass; true if anything changed
+  void wait_until(const std::function<bool()>& done);
+  std::optional<Outcome> step(Exec& x);  // starts or polls; an outcome once it is done
+  void resolve(std::uint64_t seq, Outcome o);
+  bool ready(const Action& a) const;
+  std::vector<Admission> settled(std::vector<Admission> adm);  // those still running
   engine::TensorId locate(RequestId id, std::uint32_t block, std::uint32_t group,
-                          std::uint64_t offset, std::uint64_t len, Tier* tier) const;
+                          std::uint64_t offset, std::uint64_t len, Tier* tier);
 
   BlockManager bm_;
   std::uint64_t slot_bytes_;
-  engine::RealStack stack_;
   TieredStoreOptions opt_;
-  std::unordered_map<engine::TensorId, Tier> live_;  // every allocated block, by the actions
+  engine::RealStack stack_;
+  std::unordered_map<engine::TensorId, Tier> live_;  // allocated blocks, where they are
+  std::map<std::uint64_t, Exec> pending_;            // by seq: started in that order
+  std::unordered_map<engine::TensorId, unsigned> block_pending_;  // pending actions per block
+  unsigned staging_ = 0;                                          // staging slots in use
+  std::uint64_t lost_seen_ = 0;  // engine lost_tensors already reaped
   TieredStoreStats st_;
 };
 

@@ -1,6 +1,6 @@
 // The device memory pool: a caching allocator with size buckets, best-fit,
-// split/coalesce, expandable segments and compaction of movable blocks, after
-// MISSION.md item 6 and PyTorch's CUDACachingAllocator (design only, no code).
+// split/coalesce and expandable segments, after MISSION.md item 6 and
+// PyTorch's CUDACachingAllocator (design only, no code).
 // docs/memory.md ("Pool allocator") describes the design and its figures.
 //
 // The pool never calls the OS or a device: it asks a SegmentSource for memory.
@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,7 +81,6 @@ class VirtualSegmentSource final : public SegmentSource {
   const SourceCounters& counters() const { return counters_; }
 
  private:
-  Status take_physical(std::uint64_t bytes);
   bool inject_failure();
 
   std::uint64_t granularity_, capacity_;
@@ -121,7 +119,6 @@ class CpuSegmentSource final : public SegmentSource {
   // The reservation holding [addr, addr+bytes), or end().
   std::map<std::uintptr_t, Reservation>::iterator find_reservation(std::uintptr_t addr,
                                                                    std::uint64_t bytes);
-  Status take_physical(std::uint64_t bytes);
 
   std::uint64_t granularity_, capacity_;
   std::mutex mu_;
@@ -155,14 +152,6 @@ struct PoolConfig {
   std::uint64_t expandable_keep = 0;     // free tail bytes kept mapped (avoids map/unmap churn)
   // Note [Fast path] in pool.cpp: freed blocks kept whole for reuse by size.
   std::uint64_t fast_cache_blocks = 32;
-  // Note [Thread cache] in pool.cpp: per-thread stacks of freed blocks, one
-  // per size class, popped with no atomic instruction. Blocks per size class
-  // (0 = no thread cache) and bytes per thread and pool. Pools with
-  // expandable segments do not use it (the note says why), nor does any
-  // pool where the kernel refuses membarrier(2) (PoolStats::thread_caches
-  // stays 0 then).
-  std::uint64_t thread_cache_blocks = 8;
-  std::uint64_t thread_cache_bytes = 64 * MiB;
 
   // Parses "key:value,key:value" (keys as the fields above; sizes take a
   // KiB/MiB/GiB suffix; booleans true/false), PyTorch's PYTORCH_CUDA_ALLOC_CONF
@@ -182,26 +171,21 @@ struct PoolStats {
   std::uint64_t free_bytes = 0, largest_free_bytes = 0;  // cached, inside reserved segments
   double fragmentation = 0;  // 1 - largest_free / free_bytes; 0 when nothing is free
   std::uint64_t alloc_count = 0, free_count = 0, oom_count = 0;
-  std::uint64_t source_calls = 0;         // allocate_segment/free_segment/reserve/map/unmap/release
-  std::uint64_t cache_flushes = 0;        // times an allocation returned cached segments to retry
-  std::uint64_t thread_caches = 0;        // threads with a cache for this pool
-  std::uint64_t thread_cached_bytes = 0;  // free bytes sitting in thread caches (in free_bytes)
-  std::uint64_t thread_cache_drains = 0;  // times the pool emptied thread caches to reuse memory
-  std::uint64_t moves = 0, moved_bytes = 0;  // by compact()
+  std::uint64_t source_calls = 0;   // allocate_segment/free_segment/reserve/map/unmap/release
+  std::uint64_t cache_flushes = 0;  // times an allocation returned cached segments to retry
 };
 
 // 1 - largest / total, 0 when total is 0: the fragmentation metric of MISSION.md.
 double fragmentation(std::uint64_t largest_free, std::uint64_t total_free);
 
-struct PoolBlock;        // opaque; owned by the pool
-struct PoolThreadCache;  // opaque; one per (thread, pool), Note [Thread cache]
+struct PoolBlock;  // opaque; owned by the pool
 
 // Note [Pool lock]
 // The pool's critical sections are a few dozen instructions on the fast path,
 // so it takes a test-and-test-and-set spin lock: unlock is a plain release
 // store, where std::mutex pays a second atomic read-modify-write (measured by
 // `u3m bench alloc`). A waiter spins briefly, then yields, so a holder that
-// was preempted, or a long compact() callback, does not burn a core.
+// was preempted does not burn a core.
 class SpinLock {
  public:
   void lock() noexcept {
@@ -230,35 +214,17 @@ struct PoolAllocation {
   explicit operator bool() const { return ptr != nullptr; }
 };
 
-// One compaction move: the callback copies `from.size` bytes from from.ptr to
-// to.ptr (the ranges never overlap) and points the owner at `to`.
-struct PoolMove {
-  std::uint64_t owner = 0;  // the cookie given at allocation
-  PoolAllocation from, to;
-};
-// Returns false to refuse (e.g. the block got pinned); the pool then keeps it.
-using MoveFn = std::function<bool(const PoolMove&)>;
-
-struct CompactResult {
-  std::uint64_t moves = 0, moved_bytes = 0, refused = 0;
-  std::uint64_t released_bytes = 0;  // expandable tails unmapped thanks to the moves
-  double fragmentation_before = 0, fragmentation_after = 0;
-  std::uint64_t free_bytes_before = 0, largest_free_before = 0;
-  std::uint64_t free_bytes_after = 0, largest_free_after = 0;
-};
-
 // One block of the address-ordered layout, for tests and diagnostics; free
 // neighbours are shown merged (the coalesced layout, Note [Fast path]).
 struct BlockInfo {
   std::uintptr_t ptr = 0;
   std::uint64_t size = 0;
-  bool allocated = false, movable = false, small_pool = false, expandable = false;
+  bool allocated = false, small_pool = false, expandable = false;
   std::size_t segment = 0;  // index in address order
 };
 
-// The caching pool allocator. Thread-safe: one lock guards the pool's
-// structure; a per-thread cache in front of it serves repeated sizes without
-// the lock (Note [Thread cache]).
+// The caching pool allocator. Thread-safe: one lock guards the pool
+// (Note [Pool lock]).
 class DevicePool {
  public:
   // `source` must outlive the pool. Throws InputError on a bad config.
@@ -267,27 +233,16 @@ class DevicePool {
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
-  // False where the kernel refuses membarrier(2): then no pool in this
-  // process has a thread cache (Note [Thread cache] in pool.cpp).
-  static bool thread_caches_supported();
-
   // out_of_memory when neither cache nor source can serve; invalid_argument
-  // for 0 bytes or a null `out`. `movable` blocks may be moved by compact();
-  // `owner` is handed back to its callback.
-  Status allocate(std::uint64_t bytes, PoolAllocation* out, bool movable = false,
-                  std::uint64_t owner = 0);
+  // for 0 bytes or a null `out`.
+  Status allocate(std::uint64_t bytes, PoolAllocation* out);
   // invalid_argument for a handle that is not live in this pool (double free).
   // A block may be freed by any thread, not only the one that allocated it.
   Status free(const PoolAllocation& a);
-  Status set_movable(const PoolAllocation& a, bool movable);
 
-  // Empties every thread cache, then returns every wholly free segment (and
-  // free expandable tails) to the source; the bytes given back.
+  // Returns every wholly free segment (and free expandable tails) to the
+  // source; the bytes given back.
   std::uint64_t empty_cache();
-
-  // Note [Compaction] in pool.cpp. `fn` runs with the pool locked: it must not
-  // call back into this pool.
-  CompactResult compact(const MoveFn& fn);
 
   PoolStats stats() const;
   void reset_peaks();
@@ -295,11 +250,10 @@ class DevicePool {
   const PoolConfig& config() const { return config_; }
 
  private:
-  friend struct PoolThreadCacheRegistry;  // returns a thread's caches at thread exit
   struct Segment;
   // Free blocks of one pool (small or large), for best fit by (size, address):
   // size-class bins with a bitmap, each bin a sorted flat array (Note [Free
-  // index] in pool.cpp).
+  // index] in free_index.cpp).
   class FreeIndex {
    public:
     void insert(PoolBlock* b);
@@ -312,12 +266,6 @@ class DevicePool {
     PoolBlock* largest() const;  // null when empty
     std::size_t size() const { return count_; }
     bool empty() const { return count_ == 0; }
-    template <typename F>
-    void for_each(F&& f) const {
-      for (const auto& bin : bins_) {
-        for (const Entry& e : bin) f(e.block);
-      }
-    }
 
    private:
     struct Entry {
@@ -337,40 +285,15 @@ class DevicePool {
 
   Kind kind_of(std::uint64_t rounded) const;
   PoolBlock* best_fit(Kind k, std::uint64_t size);
-  Status allocate_locked(std::uint64_t bytes, std::uint64_t size, PoolAllocation* out, bool movable,
-                         std::uint64_t owner);
-  Status free_locked(const PoolAllocation& a);
   Status grow(Kind k, std::uint64_t size, PoolBlock** out);
   Status new_segment(Kind k, std::uint64_t size, PoolBlock** out);
   Status extend_expandable(Kind k, std::uint64_t size, PoolBlock** out);
   std::uint64_t segment_size(Kind k, std::uint64_t size) const;
   bool within_capacity(std::uint64_t more) const;
   void split(PoolBlock* b, std::uint64_t size);
-  void hand_out(PoolBlock* b, std::uint64_t requested, bool movable, std::uint64_t owner,
-                PoolAllocation* out);
+  void hand_out(PoolBlock* b, std::uint64_t requested, PoolAllocation* out);
   bool live(const PoolAllocation& a) const;
-  void release_block(PoolBlock* b, bool may_cache);  // allocated -> free, coalesce, trim
-  void put_back(PoolBlock* b, bool may_cache);       // a block nobody holds -> cache or free set
-  // Thread caches (Note [Thread cache]).
-  PoolThreadCache* fast_cache() const;      // this thread's cache, from thread-local memory only
-  PoolThreadCache* own_cache(bool create);  // the same, registering one if asked; under lock
-  void sync_own_cache(PoolThreadCache* c);  // the owner's locked call begins: drain mark, peak
-  void rebase(PoolThreadCache* c);          // ... and ends: peak tracking restarts from here
-  struct Rebase {
-    DevicePool* pool;
-    PoolThreadCache* cache;
-    ~Rebase() {
-      if (cache) pool->rebase(cache);
-    }
-  };
-  // Into its bin, if the bin has room; `generation` is the block's current (odd) one.
-  bool cache_push(PoolThreadCache* c, PoolBlock* b, std::uint64_t generation);
-  void drain(PoolThreadCache* c);         // its blocks back into the pool; owner excluded
-  bool drain_thread_caches();             // all of them; true when any block came back
-  void retire_cache(PoolThreadCache* c);  // thread exit: drain, fold counters, forget
-  std::uint64_t thread_cached_bytes() const;
-  std::int64_t thread_allocated_delta() const;
-  void note_allocated();  // peak_allocated_bytes, counting the thread caches' deltas
+  void release_block(PoolBlock* b);  // allocated -> pool cache, or free (coalesced, trimmed)
   PoolBlock* coalesce(PoolBlock* b);
   PoolBlock* pop_cached(std::uint64_t size);
   void uncache(PoolBlock* b);
@@ -383,7 +306,6 @@ class DevicePool {
   void insert_free(PoolBlock* b);
   void erase_free(PoolBlock* b);
   std::uint64_t total_free() const;
-  std::uint64_t largest_free() const;  // over coalesced runs (cached blocks merge logically)
   std::uint64_t free_runs(std::uint64_t* largest) const;  // runs of free blocks, and the largest
   void destroy_segment(Segment* s);
 
@@ -401,10 +323,6 @@ class DevicePool {
   std::vector<PoolBlock*> cache_;  // the fast-path cache, newest last
   std::uint64_t cached_bytes_ = 0;
   PoolStats st_;
-  const std::uint64_t id_;  // unique per pool ever made: a thread cache finds its pool by it
-  bool thread_cache_;
-  std::uint64_t fast_id_;  // id_ with a thread cache, else 0 (fast_cache())
-  std::vector<std::shared_ptr<PoolThreadCache>> caches_;  // of live threads, under mu_
 };
 
 }  // namespace u3m::mem
