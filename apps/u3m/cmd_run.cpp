@@ -20,7 +20,7 @@ namespace {
 
 struct ReplayArgs {
   std::string trace;
-  std::string device_budget, host_budget, ssd_size, ssd_faults;
+  std::string device_budget, host_budget, ssd_size, ssd_faults, pool_config;
   double device_fraction = 0.5;
   drive::ReplayOptions opt;
   bool json = false;
@@ -98,6 +98,7 @@ int run_replay(ReplayArgs& a) {
     if (o.ssd_dir.empty()) input_error("--ssd-faults", "needs an SSD tier (--ssd-dir)");
   }
 
+  if (given("--pool-config")) o.pool = mem::PoolConfig::parse(a.pool_config, "--pool-config");
   policy::find_tiering_policy(o.policy, "--policy");  // before the trace is read
   trace::Trace t = trace::load_trace(a.trace);
   const bool tty = isatty(STDERR_FILENO) && !a.json;
@@ -136,6 +137,7 @@ int run_replay(ReplayArgs& a) {
                         {"host_budget_bytes", r.host_budget},
                         {"ssd_capacity_bytes", r.ssd_capacity},
                         {"policy", r.policy},
+                        {"pool_config", r.pool_config},
                         {"lookahead_ops", o.lookahead},
                         {"bytes_written", r.bytes_written},
                         {"bytes_verified", r.bytes_verified},
@@ -251,6 +253,9 @@ void add_run_commands(CLI::App& app) {
       ->capture_default_str();
   rp->add_flag("--host-optimizer", a->opt.host_optimizer,
                "u3m and oracle policies: run optimizer steps on the host tier");
+  rp->add_option("--pool-config", a->pool_config,
+                 "Device pool configuration, key:value,... (PyTorch's PYTORCH_CUDA_ALLOC_CONF "
+                 "style; keys as in docs/memory.md), e.g. expandable_segments:false");
   rp->add_option("--h2d-gbps", a->opt.h2d_gbps, "Throttle host-to-device copies (GB/s, 0 = none)");
   rp->add_option("--d2h-gbps", a->opt.d2h_gbps, "Throttle device-to-host copies (GB/s, 0 = none)");
   rp->add_option("--max-events", a->opt.max_events, "Replay only the first N events (0 = all)");

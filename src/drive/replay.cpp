@@ -28,7 +28,7 @@ using engine::Engine;
 using engine::Lease;
 using engine::Link;
 using engine::RealStack;
-using engine::RealStackOptions;
+using engine::StackSpec;
 using engine::Status;
 using engine::Step;
 using engine::TensorId;
@@ -282,15 +282,15 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
 
   // The real stack: emulated HBM behind the pool, pinned host, SSD store.
   const TimerSlack slack(timed(o));  // before any thread starts: Note [Timer slack]
-  RealStackOptions so;
+  StackSpec so;
   so.device_bytes = rep.device_budget;
   so.host_bytes = rep.host_budget;
   so.ssd_bytes = rep.ssd_capacity;
   so.ssd_dir = o.ssd_dir;
   so.ssd_file = "u3m-replay.ssd";
-  so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
-  so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
-  so.expandable_segments = o.expandable_segments;
+  so.links[static_cast<int>(Link::h2d)].bandwidth = o.h2d_gbps * 1e9;
+  so.links[static_cast<int>(Link::d2h)].bandwidth = o.d2h_gbps * 1e9;
+  so.pool = o.pool;
   so.ssd_faults = o.ssd_faults;
   RealStack stack(so);
   Engine& engine = stack.engine();
@@ -490,6 +490,7 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
   rep.device = engine.monitor(Tier::device);
   rep.host = engine.monitor(Tier::host);
   rep.pool = stack.pool().stats();
+  rep.pool_config = stack.pool().config().describe();
   if (stack.ssd()) rep.ssd = stack.ssd()->stats();
   rep.ssd_notice = stack.ssd_notice();
   if (const mem::FaultInjectionIoEngine* f = stack.faults())

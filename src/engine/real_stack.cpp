@@ -10,21 +10,14 @@
 namespace u3m::engine {
 namespace {
 
-std::uint64_t arena_for(const RealStackOptions& o) {
-  return 2 * o.device_bytes + 64 * mem::MiB;  // Note [Real stack]
-}
-
-mem::DeviceEmuOptions emu_options(const RealStackOptions& o) {
-  if (o.device_bytes == 0 || o.host_bytes == 0)
-    input_error("real stack", "device and host capacities must be > 0 bytes, got {} and {}",
-                o.device_bytes, o.host_bytes);
-  if (!(o.h2d_bytes_per_s >= 0) || !(o.d2h_bytes_per_s >= 0))
-    input_error("real stack", "link throttles must be >= 0 bytes/s, got {} and {}",
-                o.h2d_bytes_per_s, o.d2h_bytes_per_s);
+mem::DeviceEmuOptions emu_options(const StackSpec& o) {
+  o.validate("real stack");
   mem::DeviceEmuOptions d;
-  d.capacity = arena_for(o);
-  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] = o.h2d_bytes_per_s;
-  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] = o.d2h_bytes_per_s;
+  d.capacity = o.arena_bytes();
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::h2d)] =
+      o.links[static_cast<int>(Link::h2d)].bandwidth;
+  d.throttle_bytes_per_s[static_cast<int>(mem::CopyKind::d2h)] =
+      o.links[static_cast<int>(Link::d2h)].bandwidth;
   if (!o.copy_spin) d.spin_ns = d.sync_spin_ns = 0;
   return d;
 }
@@ -39,21 +32,12 @@ std::string make_scratch_dir() {
 
 }  // namespace
 
-RealStack::RealStack(const RealStackOptions& o)
+RealStack::RealStack(const StackSpec& o)
     : device_(emu_options(o)),
       source_(device_),
-      pool_(source_,
-            [&] {
-              mem::PoolConfig pc;
-              pc.capacity = arena_for(o);
-              pc.expandable_segments = o.expandable_segments && source_.supports_vmm();
-              return pc;
-            }()),
+      pool_(source_, o.pool_config(source_.supports_vmm())),
       host_(mem::HostOptions{}) {
-  EngineConfig c = o.engine;
-  c.device.capacity = o.device_bytes;
-  c.host.capacity = o.host_bytes;
-  c.validate();
+  EngineConfig c = o.engine_config();
   if (!o.ssd_faults.empty() && !o.ssd_bytes)
     input_error("real stack", "SSD faults ({}) need an SSD tier", o.ssd_faults.describe());
   if (o.ssd_bytes) {
@@ -77,8 +61,6 @@ RealStack::RealStack(const RealStackOptions& o)
       input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir
   }
   transport_ = std::make_unique<BackendTransport>(device_, ssd_.get());
-  // The engine counts a completed write-back as a copy that checked out
-  // (Note [Verified before dropped]); without the store's read-back it is not.
   // The engine counts a completed write-back as a copy that checked out
   // (Note [Verified before dropped]); without the store's read-back it is not.
   if (ssd_ && !ssd_->options().verify_writes) c.ssd_verify_max_age_ns = 0;

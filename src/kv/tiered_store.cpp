@@ -87,7 +87,7 @@ bool staged(const Action& a) {
 
 // ---------------------------------------------------------------- TieredStore
 
-engine::RealStackOptions TieredStore::stack_options(const KvConfig& c,
+engine::StackSpec TieredStore::stack_options(const KvConfig& c,
                                                     const TieredStoreOptions& o) {
   if (c.capacity_slots[idx(Tier::host)] == 0)
     input_error("kv store",
@@ -96,7 +96,7 @@ engine::RealStackOptions TieredStore::stack_options(const KvConfig& c,
   if (o.staging_slots == 0) input_error("kv store", "staging_slots must be >= 1");
   if (o.attempts == 0) input_error("kv store", "attempts must be >= 1");
   const std::uint64_t slot = c.geometry.slot_bytes();
-  engine::RealStackOptions r;
+  engine::StackSpec r;
   r.ssd_file = "u3m-kv.ssd";
   r.device_bytes = c.capacity_slots[idx(Tier::device)] * slot;  // Note [Capacities agree]
   // Staging slots: promotions from SSD to HBM pass through host (Note [Capacities agree]).

@@ -41,15 +41,15 @@ const RuntimeOptions& validated(const RuntimeOptions& o) {
   return o;
 }
 
-engine::RealStackOptions stack_options(const RuntimeOptions& o) {
-  engine::RealStackOptions so;
+engine::StackSpec stack_options(const RuntimeOptions& o) {
+  engine::StackSpec so;
   so.device_bytes = o.device_budget;
   so.host_bytes = o.host_budget;
   so.ssd_dir = o.ssd_dir;
   so.ssd_bytes = o.ssd_dir.empty() ? 0 : o.ssd_capacity;
   so.ssd_file = "u3m-python.ssd";
-  so.h2d_bytes_per_s = o.h2d_gbps * 1e9;
-  so.d2h_bytes_per_s = o.d2h_gbps * 1e9;
+  so.links[static_cast<int>(engine::Link::h2d)].bandwidth = o.h2d_gbps * 1e9;
+  so.links[static_cast<int>(engine::Link::d2h)].bandwidth = o.d2h_gbps * 1e9;
   if (!o.ssd_faults.empty()) so.ssd_faults = mem::FaultSpec::parse(o.ssd_faults, "ssd_faults");
   return so;
 }

@@ -14,6 +14,7 @@
 #include "u3m/engine/steps.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/sim/sim_host.hpp"
+#include "u3m/sim/sim_stack.hpp"
 #include "u3m/sim/virtual_time.hpp"
 #include "u3m/util/error.hpp"
 
@@ -528,11 +529,9 @@ class Simulation final : public policy::StepContext {
 struct Card {
   Card(const CardSpec& spec, const TraceTables& tables, VirtualTime& vt, SharedLinks* ssd)
       : options(spec.options),
-        transport(vt, options.links, ssd),
-        source(2 * mem::MiB, 0, /*vmm=*/true),
-        pool(source, pool_config(budgets(spec, tables))),
-        host(report.host_budget),
-        eng(engine_config(), pool, host, transport, vt),
+        stack(stack_spec(budgets(spec, tables)), vt, ssd, options.links.ssd_shared),
+        transport(stack.transport),
+        eng(stack.engine),
         sim(spec.trace, spec.steps, tables, eng, vt, transport, options, compute_model(options),
             policy_of(spec), report) {
     eng.set_victim_order(policy_of(spec).victim_order());
@@ -552,17 +551,16 @@ struct Card {
     report.links_label = options.links.describe();
     return report;
   }
-  static mem::PoolConfig pool_config(const SimReport& r) {
-    mem::PoolConfig pc;
-    pc.capacity = 2 * r.device_budget + 64 * mem::MiB;  // the pool's rounding slack
-    pc.expandable_segments = true;
-    return pc;
-  }
-  engine::EngineConfig engine_config() const {
-    engine::EngineConfig cfg = options.engine;
-    cfg.device.capacity = report.device_budget;
-    cfg.host.capacity = report.host_budget;
-    return cfg;
+  // The card's stack: the real stack's spec (Note [Device arena] in
+  // engine/stack_spec.hpp), with the budgets and the modelled links.
+  engine::StackSpec stack_spec(const SimReport& r) const {
+    engine::StackSpec s;
+    s.device_bytes = r.device_budget;
+    s.host_bytes = r.host_budget;
+    s.ssd_bytes = options.links.ssd_capacity;
+    s.links = options.links.links;
+    s.engine = options.engine;
+    return s;
   }
 
   void fill_report(const VirtualTime& vt) {
@@ -593,11 +591,9 @@ struct Card {
   SimReport report;  // first: the members below are built from its budgets
   std::unique_ptr<policy::TieringPolicy> own_policy;
   const SimOptions options;
-  SimTransport transport;
-  mem::VirtualSegmentSource source;
-  mem::DevicePool pool;
-  SimHost host;
-  engine::Engine eng;
+  SimStack stack;
+  SimTransport& transport;
+  engine::Engine& eng;
   Simulation sim;
 };
 

@@ -65,8 +65,8 @@ struct Rig {
   RealStack stack;
   Engine* engine;
 
-  static RealStackOptions options(const RigOptions& o) {
-    RealStackOptions r;
+  static StackSpec options(const RigOptions& o) {
+    StackSpec r;
     r.device_bytes = o.device;
     r.host_bytes = o.host;
     r.ssd_bytes = o.ssd;  // in a scratch directory removed with the stack

@@ -12,15 +12,15 @@
 namespace u3m::engine {
 namespace {
 
-RealStackOptions small() {
-  RealStackOptions o;
+StackSpec small() {
+  StackSpec o;
   o.device_bytes = 4 * mem::MiB;
   o.host_bytes = 8 * mem::MiB;
   return o;
 }
 
 TEST(RealStack, BytesSurviveDeviceHostAndSsdAndTheScratchDirectoryIsRemoved) {
-  RealStackOptions o = small();
+  StackSpec o = small();
   o.ssd_bytes = 16 * mem::MiB;
   std::string scratch;
   {
@@ -54,7 +54,7 @@ TEST(RealStack, BytesSurviveDeviceHostAndSsdAndTheScratchDirectoryIsRemoved) {
 }
 
 TEST(RealStack, ZeroCapacitiesAndAMissingSsdDirectoryAreInputErrors) {
-  RealStackOptions o = small();
+  StackSpec o = small();
   o.device_bytes = 0;
   EXPECT_THROW(RealStack{o}, InputError);
   o = small();

@@ -130,6 +130,35 @@ TEST_F(ReplayCli, BadOptionsAreClearErrors) {
   EXPECT_NE(r.output.find("--device-budget"), std::string::npos) << r.output;
   r = run_cli("run replay /nonexistent.u3mt");
   EXPECT_NE(r.status, 0);
+  r = run_cli("run replay " + trace_ + " --policy fifo");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--policy"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("u3m"), std::string::npos) << r.output;  // the choices
+  r = run_cli("run replay " + trace_ + " --pool-config thread_cache_blocks:8");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--pool-config"), std::string::npos) << r.output;
+}
+
+// Every registered policy runs for real on the tiny trace with every byte
+// checked; the ones that may evict also under half the footprint. The pool
+// configuration reaches the device pool.
+TEST_F(ReplayCli, EveryPolicyRunsForRealAndThePoolConfigArrives) {
+  for (const char* p : {"hbm-only", "static-offload", "lru", "lookahead", "u3m", "oracle"}) {
+    auto j = replay(std::string("--device-fraction 1 --policy ") + p);
+    EXPECT_EQ(j["policy"], p);
+    EXPECT_TRUE(j["ok"].get<bool>()) << p << ": " << j["first_error"];
+  }
+  for (const char* p : {"lru", "lookahead", "u3m", "oracle"}) {
+    auto j = replay(std::string("--device-fraction 0.5 --policy ") + p);
+    EXPECT_TRUE(j["ok"].get<bool>()) << p << ": " << j["first_error"];
+    EXPECT_GT(j["evictions"].get<std::uint64_t>(), 0u) << p;
+  }
+  auto j = replay("--pool-config expandable_segments:false,alignment:4096");
+  const std::string pc = j["pool_config"];
+  EXPECT_NE(pc.find("expandable_segments:false"), std::string::npos) << pc;
+  EXPECT_NE(pc.find("alignment:4096"), std::string::npos) << pc;
+  // As built: the arena rule filled in the capacity (Note [Device arena]).
+  EXPECT_EQ(pc.find("capacity:0,"), std::string::npos) << pc;
 }
 
 }  // namespace

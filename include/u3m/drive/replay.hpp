@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "u3m/engine/engine.hpp"
+#include "u3m/engine/stack_spec.hpp"
 #include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/mem/ssd_store.hpp"
@@ -42,7 +43,9 @@ struct ReplayOptions {
   // policy/tiering.hpp); null = nothing recorded.
   policy::DriverLog* log = nullptr;
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
-  bool expandable_segments = true;
+  // The device pool (`--pool-config`); capacity 0 = Note [Device arena] in
+  // engine/stack_spec.hpp.
+  mem::PoolConfig pool = engine::StackSpec::default_pool();
   std::uint64_t max_events = 0;  // 0 = all
   // Seconds of device compute per op (Note [Compute in replay]); empty = none:
   // the replay runs as fast as the memory stack lets it.
@@ -87,6 +90,7 @@ struct ReplayReport {
   std::uint64_t faults_injected[mem::kIoFaultKinds] = {};
   mem::TierReport device, host;
   mem::PoolStats pool;
+  std::string pool_config;  // the device pool's configuration as built (PoolConfig::describe)
   bool ok() const { return mismatches == 0 && errors == 0; }
 };
 

@@ -11,6 +11,7 @@
 
 #include "u3m/engine/clock.hpp"
 #include "u3m/engine/engine.hpp"
+#include "u3m/engine/stack_spec.hpp"
 #include "u3m/engine/transport.hpp"
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
@@ -22,42 +23,16 @@
 
 namespace u3m::engine {
 
-struct RealStackOptions {
-  std::uint64_t device_bytes = 0;  // the engine's device capacity, > 0
-  std::uint64_t host_bytes = 0;    // the engine's host capacity, > 0
-  std::uint64_t ssd_bytes = 0;     // SSD store capacity; 0 = no SSD tier
-  // Where the SSD store's file goes; empty = a fresh directory under $TMPDIR
-  // (or /tmp), removed with the stack.
-  std::string ssd_dir;
-  std::string ssd_file = "u3m.ssd";  // the store's file name in ssd_dir
-  // Emulated link throttle per direction, bytes/s; 0 = memcpy speed.
-  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;
-  // false: idle copy engines and synchronize never spin before sleeping
-  // (tests on shared cores, sanitizers); true: device-emu's defaults.
-  bool copy_spin = true;
-  std::shared_ptr<mem::IoEngine> ssd_io;  // the SSD store's I/O engine; null = its default
-  // Faults injected under the SSD store (tests, soaks, `run replay
-  // --ssd-faults`): a fault-injection engine over the default one. Only
-  // without ssd_io.
-  mem::FaultSpec ssd_faults;
-  // The SSD store's background scrubber: bytes/s it re-reads and checks, at
-  // most (0 = none). A copy it finds corrupt is dropped from the engine, which
-  // reports the tensor lost if that was its only copy.
-  double ssd_scrub_bytes_per_s = 32.0 * 1024 * 1024;
-  bool expandable_segments = true;  // when the arena supports them
-  EngineConfig engine{};            // device and host capacities come from the fields above
-};
 
 // Note [Real stack]
-// The device arena is twice the engine's device capacity plus 64 MiB: the
-// pool rounds small tensors up into 2 MiB segments, and the engine, not the
-// arena, is the budget (it counts tensor bytes). Members are built in
-// declaration order and torn down in reverse, the engine first: it waits for
-// its transfers, which use the backends.
+// Built from a StackSpec (the device arena: Note [Device arena] in
+// stack_spec.hpp). Members are built in declaration order and torn down in
+// reverse, the engine first: it waits for its transfers, which use the
+// backends.
 class RealStack {
  public:
   // InputError for capacities of 0 or an SSD tier that cannot be opened.
-  explicit RealStack(const RealStackOptions& o);
+  explicit RealStack(const StackSpec& o);
   ~RealStack();
   RealStack(const RealStack&) = delete;
   RealStack& operator=(const RealStack&) = delete;
@@ -67,7 +42,7 @@ class RealStack {
   const mem::DevicePool& pool() const { return pool_; }
   bool has_ssd() const { return ssd_ != nullptr; }
   const mem::SsdStore* ssd() const { return ssd_.get(); }
-  // The fault-injection engine under the store (RealStackOptions::ssd_faults), or null.
+  // The fault-injection engine under the store (StackSpec::ssd_faults), or null.
   mem::FaultInjectionIoEngine* faults() const { return faults_.get(); }
   // What the SSD store said when it opened (a file left by a crashed process
   // that it discarded), or "".

@@ -39,7 +39,7 @@ struct TieredStoreStats {
 };
 
 struct TieredStoreOptions {
-  std::string ssd_dir;  // see engine::RealStackOptions::ssd_dir
+  std::string ssd_dir;  // see engine::StackSpec::ssd_dir
   mem::FaultSpec ssd_faults;  // injected under the SSD tier (tests); empty = none
   // After every call, check that the engine holds each settled block in exactly the tier
   // the manager says (check_agreement). For tests: it walks every live block.
@@ -111,7 +111,7 @@ class TieredStore {
     bool landed = false;  // a move to memory whose copy is there; the other one still to drop
     unsigned attempts = 0;
   };
-  static engine::RealStackOptions stack_options(const KvConfig& c, const TieredStoreOptions& o);
+  static engine::StackSpec stack_options(const KvConfig& c, const TieredStoreOptions& o);
   std::vector<RequestId> execute();  // submits the prepared actions, settles admissions
   void enqueue();                    // the manager's prepared actions into pending_
   void reap_lost();  // blocks the engine lost at rest: the manager forgets them
