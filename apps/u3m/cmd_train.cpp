@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
+#include "u3m/experiments/train_json.hpp"
+#include "u3m/util/version.hpp"
 #include "commands.hpp"
 #include "u3m/experiments/train.hpp"
 #include "u3m/experiments/validate.hpp"
@@ -24,7 +26,6 @@
 namespace u3m::cli {
 namespace {
 
-constexpr const char* kVersion = "u3m 0.1.0";
 
 struct TrainArgs {
   std::string model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
@@ -62,94 +63,6 @@ experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card
   return s;
 }
 
-nlohmann::json scenario_json(const experiments::TrainScenario& s) {
-  const workload::TrainConfig& t = s.train;
-  return {{"model",
-           {{"name", s.shape.name},
-            {"layers", s.shape.layers},
-            {"d_model", s.shape.d_model},
-            {"heads", s.shape.heads},
-            {"kv_heads", s.shape.kv_heads},
-            {"ffn", s.shape.ffn},
-            {"vocab", s.shape.vocab}}},
-          {"cards", s.cards},
-          {"card_model", experiments::to_string(s.card_model)},
-          {"u3m_policy",
-           {{"recalibrate", s.u3m.recalibrate},
-            {"recalibrate_period_s", s.u3m.recalibrate_period_s},
-            {"prefetch", s.u3m.jit_prefetch ? "link" : "fixed"}}},
-          {"zero3", s.cards > 1},
-          {"steps_simulated", s.steps},
-          {"micro_batch", t.micro_batch_size},
-          {"seq_len", t.seq_len},
-          {"grad_accum", t.micro_batches},
-          {"mixed_precision", t.mixed_precision},
-          {"recompute", t.recompute},
-          {"lora_rank", t.lora_rank},
-          {"optimizer", "adam"},
-          {"hw", s.hw.name},
-          {"version", kVersion}};
-}
-
-nlohmann::json result_json(const experiments::TrainResult& r) {
-  nlohmann::json links = nlohmann::json::object();
-  for (int l = 0; l < engine::kNumLinks; ++l) {
-    const auto& x = r.sim.links[l];
-    links[std::string(engine::to_string(engine::Link(l)))] = {
-        {"bytes", x.bytes}, {"transfers", x.transfers}, {"busy_s", double(x.busy_ns) * 1e-9}};
-  }
-  nlohmann::json fam = nlohmann::json::array();
-  for (std::size_t i = 0; i < r.sim.op_families.size() && i < 10; ++i) {
-    const auto& f = r.sim.op_families[i];
-    fam.push_back({{"op", f.name},
-                   {"steps", f.steps},
-                   {"compute_s", double(f.compute_ns) * 1e-9},
-                   {"stall_s", double(f.stall_ns) * 1e-9},
-                   {"missed_bytes", f.missed_bytes}});
-  }
-  nlohmann::json cards = nlohmann::json::array();
-  for (const auto& c : r.cards) {
-    cards.push_back({{"card", c.card},
-                     {"shards", c.shards},
-                     {"step_s", c.step_s},
-                     {"barrier_s", c.barrier_s},
-                     {"stall_s", c.stall_s},
-                     {"compute_s", c.compute_s}});
-  }
-  nlohmann::json u3m = nullptr;  // the u3m policy's own decisions (docs/policy.md)
-  if (r.u3m_policy) {
-    const policy::U3mPolicyStats& p = *r.u3m_policy;
-    u3m = {{"recalibrations", p.recalibrations},
-           {"demotions", p.demotions},
-           {"jit_prefetches", p.jit_prefetches},
-           {"hot", p.hot},
-           {"warm", p.warm},
-           {"horizon_ops", p.horizon_ops}};
-  }
-  return {{"policy", r.policy},
-          {"fits", r.fits},
-          {"u3m_policy", u3m},
-          {"card_model", experiments::to_string(r.card_model)},
-          {"cards", cards},
-          {"ssd_link", {{"bytes", r.ssd_link_bytes}, {"busy_s", r.ssd_link_busy_s}}},
-          {"why", r.why},
-          {"params", r.params},
-          {"footprint_bytes", r.footprint},
-          {"step_s", r.step_s},
-          {"ideal_step_s", r.ideal_step_s},
-          {"loss", r.loss},
-          {"tokens_per_s", r.tokens_per_s},
-          {"stall_s", r.stall_s},
-          {"hidden_fraction", r.hidden_fraction},
-          {"optimizer_on_host", r.optimizer_on_host},
-          {"recompute_layers", r.recompute_layers},
-          {"peak_bytes",
-           {{"device", r.sim.peak_device}, {"host", r.sim.peak_host}, {"ssd", r.sim.peak_ssd}}},
-          {"links", links},
-          {"top_ops_by_missed_bytes", fam},
-          {"links_model", r.sim.links_label}};
-}
-
 std::string gb(double b) {
   return fmt::format("{:.1f} GB", b / 1e9);
 }
@@ -173,7 +86,7 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
   const auto f = experiments::CardFailure::parse(a.fail_card, s.cards, "--fail-card");
   const experiments::FailoverResult r = experiments::simulate_failover(s, f);
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    nlohmann::json j = {{"scenario", experiments::train_scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
     j["scenario"]["policy"] = s.policy;
     j["scenario"]["fail_card"] = {{"card", f.card}, {"step", f.step}};
     j["failover"] = {{"neighbour", r.neighbour},
@@ -185,10 +98,10 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
                      {"run_steps", f.step + experiments::kFailoverRunSteps},
                      {"run_s", r.run_s},
                      {"run_s_no_failure", r.run_s_no_failure},
-                     {"before", result_json(r.before)},
-                     {"after", result_json(r.after)}};
+                     {"before", experiments::train_result_json(r.before)},
+                     {"after", experiments::train_result_json(r.after)}};
     if (!r.after_symmetric.policy.empty()) {
-      j["failover"]["after_symmetric"] = result_json(r.after_symmetric);
+      j["failover"]["after_symmetric"] = experiments::train_result_json(r.after_symmetric);
       j["failover"]["slowdown_symmetric"] = r.slowdown_symmetric;
     }
     fmt::print("{}\n", j.dump(2));
@@ -235,11 +148,7 @@ void run_sim(const TrainArgs& a) {
   if (a.fail_card_given) return run_failover(a, s);
   experiments::TrainResult r = experiments::simulate_training(s);
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)},
-                        {"profile", sim::profile_json(s.hw)},
-                        {"result", result_json(r)}};
-    j["scenario"]["policy"] = s.policy;
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", experiments::train_sim_json(s, r).dump(2));
     return;
   }
   fmt::print("simulated with profile {} ({}), not measured\n", s.hw.name, s.hw.origin);
@@ -305,7 +214,7 @@ void run_capacity(const TrainArgs& a) {
     if (r.policy == "hbm-only") base_params = r.max_params;
   }
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    nlohmann::json j = {{"scenario", experiments::train_scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
     j["scenario"]["max_loss"] = a.max_loss;
     j["scenario"]["family"] = "llama family (docs/training.md)";
     for (const auto& r : rows) {

@@ -8,7 +8,7 @@ namespace u3m::policy {
 
 PlacementRules PlacementRules::named(std::string_view name) {
   PlacementRules r;
-  if (name == "u3m") return r;
+  if (name == "design-seed") return r;
   if (name == "static-offload") {
     r.off_path_param = mem::Tier::device;
     r.adam_m = r.adam_v = r.master = mem::Tier::host;
@@ -19,7 +19,7 @@ PlacementRules PlacementRules::named(std::string_view name) {
     r.off_path_param = r.adam_m = r.adam_v = r.master = r.grad = mem::Tier::device;
     return r;
   }
-  input_error("placement", "unknown rule set '{}' (expected u3m, static-offload or hbm-only)",
+  input_error("placement", "unknown rule set '{}' (expected design-seed, static-offload or hbm-only)",
               name);
 }
 

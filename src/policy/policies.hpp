@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "u3m/policy/placement.hpp"
 #include "u3m/policy/tiering.hpp"
 
 namespace u3m::policy {
@@ -14,9 +15,10 @@ std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_u3m(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_oracle(const PolicyInputs& in);
 
-// Where the tiered policies create loaded state: the design's seed rules
-// (PlacementRules::named("u3m")), DRAM for what they send to the SSD (the
-// engine spills it there under pressure).
+// The design's seed placement (PlacementRules::named("design-seed")).
+const PlacementRules& seed_rules();
+// Where the tiered policies create loaded state: the seed rules' tier, DRAM
+// for what they send to the SSD (the engine spills it there under pressure).
 Tier seed_home(const trace::Tensor& x);
 
 }  // namespace u3m::policy

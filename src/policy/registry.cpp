@@ -12,9 +12,13 @@ bool optimizer_role(trace::Role r) {
          r == trace::Role::optim_v;
 }
 
+const PlacementRules& seed_rules() {
+  static const PlacementRules rules = PlacementRules::named("design-seed");
+  return rules;
+}
+
 Tier seed_home(const trace::Tensor& x) {
-  static const PlacementRules rules = PlacementRules::named("u3m");
-  const Tier h = rules.home(x.role, x.layer, trace::kNoLayer);
+  const Tier h = seed_rules().home(x.role, x.layer, trace::kNoLayer);
   return h == Tier::ssd ? Tier::host : h;  // created in DRAM; pressure spills it to SSD
 }
 

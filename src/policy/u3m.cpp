@@ -145,13 +145,12 @@ U3mPolicy::U3mPolicy(const PolicyInputs& in)
   window.emplace(std::move(log));
   in_window.assign(t.tensors.size(), 0);
   changed_stamp_.assign(t.tensors.size(), 0);
-  static const PlacementRules rules = PlacementRules::named("u3m");
   for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
     const trace::Tensor& x = t.tensors[i];
     heat.set_tensor(i, x.bytes);
     if (holds_host_state(x) || !(in.h2d.bandwidth > 0)) continue;
     const Tier from =
-        has_ssd && in.s2h.bandwidth > 0 ? rules.home(x.role, x.layer, trace::kNoLayer) : Tier::host;
+        has_ssd && in.s2h.bandwidth > 0 ? seed_rules().home(x.role, x.layer, trace::kNoLayer) : Tier::host;
     max_fetch_s = std::max(max_fetch_s, fetch_seconds(x.bytes, from == Tier::device ? Tier::host : from,
                                                       h2d.link(), s2h.link()));
   }

@@ -10,6 +10,7 @@
 
 #include "bindings.hpp"
 #include "u3m/experiments/train.hpp"
+#include "u3m/experiments/train_json.hpp"
 #include "u3m/predict/eval.hpp"
 #include "u3m/predict/predictor.hpp"
 #include "u3m/sim/profile.hpp"
@@ -62,46 +63,10 @@ nlohmann::json stats_of(const trace::Trace& t) {
   return s.to_json();
 }
 
-py::dict train_result_dict(const experiments::TrainScenario& s, const experiments::TrainResult& r) {
-  py::dict d;
-  d["label"] = "simulated with profile " + s.hw.name + " (" + s.hw.origin + "), model " +
-               s.shape.name + ", not measured";
-  d["model"] = s.shape.name;
-  d["hw"] = s.hw.name;
-  d["cards"] = s.cards;
-  d["steps_simulated"] = s.steps;
-  d["policy"] = r.policy;
-  d["fits"] = r.fits;
-  d["why"] = r.why;
-  d["params"] = r.params;
-  d["footprint_bytes"] = r.footprint;
-  d["step_s"] = r.step_s;
-  d["ideal_step_s"] = r.ideal_step_s;
-  d["throughput_loss"] = r.loss;
-  d["tokens_per_s"] = r.tokens_per_s;
-  d["stall_s"] = r.stall_s;
-  d["hidden_fraction"] = r.hidden_fraction;
-  d["optimizer_on_host"] = r.optimizer_on_host;
-  py::dict peak;
-  peak["device"] = r.sim.peak_device;
-  peak["host"] = r.sim.peak_host;
-  peak["ssd"] = r.sim.peak_ssd;
-  d["peak_bytes"] = peak;
-  d["trace_events"] = r.trace_events;
-  d["card_model"] = std::string(experiments::to_string(r.card_model));
-  py::list per_card;  // each simulated card (one under the symmetric model)
-  for (const experiments::CardResult& c : r.cards) {
-    py::dict x;
-    x["card"] = c.card;
-    x["shards"] = c.shards;
-    x["step_s"] = c.step_s;
-    x["barrier_s"] = c.barrier_s;
-    x["stall_s"] = c.stall_s;
-    x["compute_s"] = c.compute_s;
-    per_card.append(x);
-  }
-  d["per_card"] = per_card;
-  return d;
+// The result schema is the CLI's (experiments::train_sim_json), converted.
+py::object train_result_dict(const experiments::TrainScenario& s,
+                             const experiments::TrainResult& r) {
+  return py::module_::import("json").attr("loads")(experiments::train_sim_json(s, r).dump());
 }
 
 }  // namespace

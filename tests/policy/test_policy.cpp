@@ -125,7 +125,7 @@ TEST(Thresholds, RecalibrationKeepsHbmInsideTheBand) {
 }
 
 TEST(Placement, SeedRulesAreZero3AndLayerAware) {
-  PlacementRules r = PlacementRules::named("u3m");
+  PlacementRules r = PlacementRules::named("design-seed");
   using trace::Role;
   EXPECT_EQ(r.home(Role::param, 3, 3), mem::Tier::device);
   EXPECT_EQ(r.home(Role::param, 5, 3), mem::Tier::host);

@@ -342,19 +342,24 @@ class BindingsTest(unittest.TestCase):
 
     def test_simulator_entry_point_returns_labelled_figures(self):
         r = u3m.simulate_training(model="tiny", hw="ascend-910b-32g", cards=1, seq_len=128, steps=2)
+        # One schema: `u3m train sim --json`'s, with the label first.
+        self.assertEqual(set(r), {"label", "scenario", "profile", "result"})
         self.assertIn("simulated", r["label"])
-        self.assertTrue(r["fits"], r["why"])
-        self.assertGreater(r["step_s"], 0)
-        self.assertGreater(r["tokens_per_s"], 0)
+        self.assertEqual(r["scenario"]["policy"], "u3m")
+        res = r["result"]
+        self.assertTrue(res["fits"], res["why"])
+        self.assertGreater(res["step_s"], 0)
+        self.assertGreater(res["tokens_per_s"], 0)
+        self.assertEqual(set(res["peak_bytes"]), {"device", "host", "ssd"})
         self.assertIn("u3m", u3m.train_policy_names())
         # Two identical cards simulated together: a figure per card, and (nothing shared is
         # contended) the same step as the symmetric model's one card of two.
         kw = dict(model="tiny", cards=2, seq_len=128, steps=2, policy="lru")
-        sep = u3m.simulate_training(card_model="separate", **kw)
-        sym = u3m.simulate_training(card_model="symmetric", **kw)
+        sep = u3m.simulate_training(card_model="separate", **kw)["result"]
+        sym = u3m.simulate_training(card_model="symmetric", **kw)["result"]
         self.assertEqual(sep["card_model"], "separate")
-        self.assertEqual([c["card"] for c in sep["per_card"]], [0, 1])
-        self.assertEqual(len(sym["per_card"]), 1)  # symmetric: the one card simulated
+        self.assertEqual([c["card"] for c in sep["cards"]], [0, 1])
+        self.assertEqual(len(sym["cards"]), 1)  # symmetric: the one card simulated
         self.assertAlmostEqual(sep["step_s"], sym["step_s"], delta=1e-9 * sym["step_s"])
         with self.assertRaisesRegex(u3m.InputError, "card_model"):
             u3m.simulate_training(model="tiny", card_model="both")

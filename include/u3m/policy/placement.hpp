@@ -24,7 +24,7 @@ struct PlacementRules {
   // Layers around the current one kept on the device (1 = the current layer only).
   std::int32_t window_layers = 1;
 
-  // The named rule sets: "u3m" (the seed default above), "static-offload"
+  // The named rule sets: "design-seed" (the design's seed default above), "static-offload"
   // (ZeRO-Offload: optimizer state and master weights in DRAM, all
   // parameters and activations on the device), "hbm-only" (everything on
   // the device). Throws InputError for another name.
