@@ -172,7 +172,11 @@ class RecorderTap:
     @contextlib.contextmanager
     def item(self, kind: str):
         if kind != "train":
-            yield
+            # What a request does before its first model call (drawing its
+            # prompt) is the request's: it opens the iteration of that call,
+            # not the tail of whatever iteration ran last.
+            with self.rec.iteration(self.infer_job, self.infer_iter):
+                yield
             return
         with self.rec.iteration(self.train_job, self.train_iter):
             yield

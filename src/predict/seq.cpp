@@ -32,12 +32,15 @@
 //    (time-sharing at iteration granularity, e.g. one training step, then N
 //    serving steps) is predicted to run for as many iterations as last time,
 //    whatever their op counts; otherwise for as many op steps as last time.
-//    A run far longer than its predecessor is taken to continue.
+//    A run counted in op steps that has outlived its predecessor is taken
+//    to continue.
 // 6. Relocation: an index op signature -> (record, slot) per job lets an
 //    iteration that begins with an op no record begins with (iteration 0
 //    began with a one-off init op), or an op far off the pointer, continue
 //    from where that op was recorded. A job whose ops match nothing recorded
-//    (a kind of iteration never seen) is "lost" and predicts nothing.
+//    (a kind of iteration never seen) is "lost" and predicts nothing, until
+//    its next run if its runs begin iterations: that begins its next
+//    iteration, which the records tell.
 // 7. Replaced transients: a matched step that leaves untouched a tensor the
 //    recorded iteration allocated means the iteration's shapes changed (a
 //    serving batch grew or shrank): the record's transients not seen again
@@ -277,8 +280,14 @@ void SeqPredictor::match_step(Job& jb) {
       return;
     }
   }
-  if (const Where w = locate(jb, step_sig_); w.rec >= 0) return take(w.rec, w.pos);
+  // Not in the window: wherever it was recorded, unless that is behind the
+  // pointer in this very record (another parameter's op of a relabelled
+  // sequence, iterations ago in the loop) and the step's tensors place it.
+  const Where w = locate(jb, step_sig_);
+  const bool back = w.rec >= 0 && w.rec == jb.ref && w.pos + p_.resync_window < jb.pos;
+  if (w.rec >= 0 && !back) return take(w.rec, w.pos);
   if (jb.ref >= 0 && by_tensors(jb.records[jb.ref], end)) return;
+  if (w.rec >= 0) return take(w.rec, w.pos);
   // An op never recorded: an insertion, or (first op of an iteration) a kind
   // of iteration never seen, whose future the records cannot tell.
   jb.misses = step_new_iter_ ? p_.lost_after : jb.misses + 1;
@@ -434,8 +443,17 @@ template <typename Visit>
 void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
   if (run_job_ == UINT32_MAX) return;
   cursors_.resize(jobs_.size());
-  for (std::size_t j = 0; j < jobs_.size(); ++j)
-    cursors_[j] = {lost(jobs_[j]) ? -1 : jobs_[j].ref, jobs_[j].pos, -1, false};
+  for (std::size_t j = 0; j < jobs_.size(); ++j) {
+    const Job& jb = jobs_[j];
+    cursors_[j] = {lost(jb) ? -1 : jb.ref, jb.pos, -1, false};
+    // Lost in an iteration that another job's run interrupted: if the job's
+    // runs begin iterations, its next run begins the next one, which the
+    // records tell; where it got lost does not matter.
+    if (lost(jb) && j != run_job_ && jb.last_aligned && jb.started)
+      if (const Where w = find_record(jb, jb.cur.first_sig); w.rec >= 0)
+        cursors_[j] = {w.rec, static_cast<std::uint32_t>(jb.records[w.rec].slots.size()), -1,
+                       false};
+  }
 
   // How long each run lasts: in iterations (wraps of the job's record) for
   // iteration-aligned jobs, else in op steps; -1 = unlimited.
@@ -446,14 +464,18 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
   auto spec = [&](std::uint32_t j, bool current) -> RunSpec {
     const Job& jb = jobs_[j];
     const std::uint64_t done = current ? run_len_ : 0;
-    if (jb.last_run == 0 || done > p_.overrun_factor * jb.last_run)
-      return {horizon, -1};  // alone so far, or the interleaving changed: it goes on
+    if (jb.last_run == 0) return {horizon, -1};  // alone so far: it goes on
     if (jb.last_aligned && jb.prev_aligned && (!current || run_aligned_) && cursors_[j].rec >= 0) {
+      // Counted in iterations: one that has begun more than last time goes on.
       std::int64_t left = std::int64_t(jb.last_run_iters) - (current ? run_iters_ : 0);
       if (p_.steady_runs_only && current && jb.last_run_iters != jb.prev_run_iters)
         return {horizon, -1};  // run lengths vary: it goes on
       return {horizon, left < 0 ? -1 : left};
     }
+    // Counted in op steps: one that has run past its predicted end
+    // (overrun_factor times the last run) goes on; it does not end "now" at
+    // every step until it does.
+    if (done > p_.overrun_factor * jb.last_run) return {horizon, -1};
     return {jb.last_run > done ? jb.last_run - done : 0, -1};
   };
   std::uint32_t j = run_job_;

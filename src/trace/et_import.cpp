@@ -721,6 +721,60 @@ void Importer::find_contexts() {
         if (kind[q] == kTrain) kind[q] = kInfer, any_infer = true;
     k = e;
   }
+  // The outermost operators of item k (its own node if it is one).
+  std::vector<bool> under_op(n, false);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t p = parent_pos_[i];
+    under_op[i] = p >= 0 && (under_op[p] || is_operator(nodes_[p]));
+  }
+  auto outer_ops = [&](std::size_t k, auto&& visit) {
+    const std::size_t i = items[k], end = k + 1 < items.size() ? items[k + 1] : n;
+    for (std::size_t q = i; q < end; ++q)
+      if (item_of[q] == static_cast<std::int64_t>(i) && is_operator(nodes_[q]) && !under_op[q])
+        visit(nodes_[q]);
+  };
+  // Note [The tail of a generation]: between an inference item and a
+  // training item, the neutral items that consume what the inference wrote
+  // (sampling the last token from its logits: softmax, multinomial) finish
+  // the generation. The tail ends at the first that does not (drawing the
+  // training batch), or that writes what the training item reads (the
+  // generated sequence an RLHF step trains on, or a view of it: that is the
+  // training's input). Without marks, the tail used to open the next
+  // training iteration.
+  {
+    std::vector<Arg> args;
+    std::unordered_set<std::int64_t> written, train_reads;
+    auto storages = [&](std::size_t item, bool outputs, std::unordered_set<std::int64_t>& into) {
+      outer_ops(item, [&](const Node& x) {
+        read_args(x, outputs, args);
+        for (const Arg& a : args) into.insert(a.storage);
+      });
+    };
+    auto any_of = [&](std::size_t item, bool outputs, const std::unordered_set<std::int64_t>& in) {
+      bool hit = false;
+      outer_ops(item, [&](const Node& x) {
+        read_args(x, outputs, args);
+        for (const Arg& a : args) hit |= in.count(a.storage) != 0;
+      });
+      return hit;
+    };
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      if (kind[k] != kInfer) continue;
+      std::size_t e = k + 1;
+      while (e < items.size() && kind[e] == kNeutral) ++e;
+      if (e == k + 1 || e == items.size() || kind[e] != kTrain) continue;
+      written.clear();
+      train_reads.clear();
+      storages(k, true, written);
+      storages(e, false, train_reads);
+      for (std::size_t q = k + 1; q < e; ++q) {
+        if (!any_of(q, false, written) || any_of(q, true, train_reads)) break;
+        kind[q] = kInfer;
+        storages(q, true, written);
+      }
+      k = e - 1;
+    }
+  }
   // Neutral items join the next item that is not neutral (the last ones, the one before).
   Kind next = kTrain;
   for (std::size_t k = items.size(); k-- > 0;)
@@ -780,12 +834,6 @@ void Importer::find_contexts() {
     ctx_.push_back({nodes_[pos].id, j, iters[j]++, ph});
     substantive.push_back(model_call);
   };
-  // Positions of the outermost operators, for the inference model-call split.
-  std::vector<bool> under_op(n, false);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t p = parent_pos_[i];
-    under_op[i] = p >= 0 && (under_op[p] || is_operator(nodes_[p]));
-  }
   // After an Optimizer.step#, the next iteration starts after the zero_grad
   // that follows it, if one does before any backward or autograd-recording
   // item (the loop's step-then-zero_grad), else at the first item after it.

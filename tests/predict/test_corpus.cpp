@@ -16,6 +16,7 @@
 // Both halves are here; the tuning half is the one the predictor's constants
 // were chosen on, the held-out half was never looked at for that.
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -102,6 +103,32 @@ TEST_P(Corpus, DefaultMeetsTheBarOrItsFloorAndBeatsEveryBaseline) {
   for (const char* base : {"design-ema", "lru", "markov-reuse", "trace-replay"}) {
     const HorizonMetrics b = at64(feed, base);
     EXPECT_GT(f1k, f1(b.precision(), b.recall_known())) << base;
+  }
+}
+
+TEST(RecorderCorpus, ARequestBeginsWithItsOwnInputDraw) {
+  // corpus.py tells the recorder a request's iteration before its input is
+  // drawn (the prompt's randint, an image batch's randn), so the draw opens
+  // the request's prefill instead of trailing whatever iteration ran last.
+  for (const char* prog : {"gpt2-rlhf", "gpt2-timeshare", "llama-rlhf", "llama-timeshare",
+                           "seq2seq-timeshare", "bert-timeshare", "lstm-rlhf", "cnn-timeshare",
+                           "moe-rlhf"}) {
+    SCOPED_TRACE(prog);
+    const trace::Trace t = trace::load_trace(path_of((std::string(prog) + ".u3m.jsonl.gz").c_str()));
+    std::map<std::pair<std::uint32_t, std::uint32_t>, std::pair<const trace::Op*, bool>> iters;
+    for (const trace::Op& o : t.ops) {
+      auto& [first, prefill] = iters.emplace(std::pair{o.job, o.iteration}, std::pair{&o, false})
+                                   .first->second;
+      prefill |= o.phase == trace::Phase::prefill;
+    }
+    std::size_t requests = 0;
+    for (const auto& [key, it] : iters) {
+      if (t.jobs.at(key.first) != "infer-0" || !it.second) continue;
+      ++requests;
+      EXPECT_TRUE(it.first->name == "aten::randint" || it.first->name == "aten::randn")
+          << "iteration " << key.second << " begins with " << it.first->name;
+    }
+    EXPECT_GT(requests, 0u);
   }
 }
 

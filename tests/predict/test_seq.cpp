@@ -190,6 +190,96 @@ TEST(SeqPredictor, SuccessorIsTheMostFrequentNotTheLast) {
   EXPECT_EQ(names(out), (std::set<std::uint32_t>{d0}));
 }
 
+TEST(SeqPredictor, AnOpStepRunPastItsLastLengthGoesOn) {
+  // Job 0's iterations (A..F) are cut by job 1's X Y into runs of 3 op
+  // steps that alternately do and do not begin an iteration, so its runs are
+  // counted in op steps. A run of job 0 now 4 steps long has outlived the
+  // last one: it goes on (B next), rather than being predicted to end at
+  // once (job 1's X) at every step up to twice its last length.
+  TraceMaker m;
+  std::vector<std::uint32_t> t0;
+  for (const char* n : {"a", "b", "c", "d", "e", "f"}) t0.push_back(m.tensor(n, 8));
+  const std::uint32_t x = m.tensor("x", 8, trace::Role::param, 1),
+                      y = m.tensor("y", 8, trace::Role::param, 1);
+  m.t.job("job-1");
+  const char* ops0[] = {"A", "B", "C", "D", "E", "F"};
+  std::uint32_t it1 = 0;
+  auto job1 = [&] {
+    m.op("X", OpClass::matmul, it1, {x}, 1);
+    m.op("Y", OpClass::matmul, it1++, {y}, 1);
+  };
+  for (std::uint32_t it = 0; it < 2; ++it)
+    for (int half = 0; half < 2; ++half) {
+      for (int k = 3 * half; k < 3 * half + 3; ++k) m.op(ops0[k], OpClass::matmul, it, {t0[k]});
+      job1();
+    }
+  for (int k = 0; k < 3; ++k) m.op(ops0[k], OpClass::matmul, 2, {t0[k]});
+  job1();
+  for (int k = 3; k < 6; ++k) m.op(ops0[k], OpClass::matmul, 2, {t0[k]});
+  m.op("A", OpClass::matmul, 3, {t0[0]});  // the 4th step of the run
+  TraceFeed feed(m.t);
+  SeqPredictor p;
+  std::vector<Predicted> out;
+  feed.feed(p, 0, feed.num_steps());
+  p.predict(1, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{t0[1]}));
+}
+
+TEST(SeqPredictor, AnOpFarBehindInTheRecordDoesNotPullThePointerBack) {
+  // An optimizer updates the state m_p of parameters p = 0..5 with add_, the
+  // recorder labelling each op with its parameter's layer. In iteration 1
+  // parameter 4's op carries layer 0 (relabelled): its signature is that of
+  // slot 1, far behind the pointer and outside the resync window, while its
+  // tensor is m_4's, at the pointer. It is taken for m_4's slot (m_5 next),
+  // not for parameter 0's, which would replay m_1 onwards.
+  TraceMaker m;
+  const std::uint32_t w = m.tensor("w", 8);
+  std::vector<std::uint32_t> mo;
+  for (int q = 0; q < 6; ++q) mo.push_back(m.tensor("m" + std::to_string(q), 64, trace::Role::optim_m));
+  for (std::uint32_t it = 0; it < 2; ++it) {
+    m.op("aten::mm", OpClass::matmul, it, {w});
+    for (int q = 0; q < 6; ++q) {
+      m.op("aten::add_", OpClass::optimizer, it, {mo[q]});
+      m.t.ops.back().layer = it == 1 && q == 4 ? 0 : q;
+    }
+  }
+  TraceFeed feed(m.t);
+  SeqParams sp;
+  sp.resync_window = 2;
+  SeqPredictor p(sp);
+  std::vector<Predicted> out;
+  feed.feed(p, 0, 13);  // iteration 0, then iteration 1 up to parameter 4's op
+  p.predict(1, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{mo[5]}));
+}
+
+TEST(SeqPredictor, AJobLostInAnInterruptedIterationResumesAtItsNext) {
+  // Job 0's iterations (A B C) alternate with job 1's (X Y), each run one
+  // iteration. Job 0's third iteration begins with an op never seen (N): it
+  // is lost, and job 1 runs. Job 0's next run begins its next iteration,
+  // which the records tell (A B), whatever its lost iteration was.
+  TraceMaker m;
+  const std::uint32_t a = m.tensor("a", 8), b = m.tensor("b", 8), c = m.tensor("c", 8),
+                      n = m.tensor("n", 8), x = m.tensor("x", 8, trace::Role::param, 1),
+                      y = m.tensor("y", 8, trace::Role::param, 1);
+  m.t.job("job-1");
+  for (std::uint32_t it = 0; it < 2; ++it) {
+    m.op("A", OpClass::matmul, it, {a});
+    m.op("B", OpClass::matmul, it, {b});
+    m.op("C", OpClass::matmul, it, {c});
+    m.op("X", OpClass::matmul, it, {x}, 1);
+    m.op("Y", OpClass::matmul, it, {y}, 1);
+  }
+  m.op("N", OpClass::other, 2, {n});
+  m.op("X", OpClass::matmul, 2, {x}, 1);
+  TraceFeed feed(m.t);
+  SeqPredictor p;
+  std::vector<Predicted> out;
+  feed.feed(p, 0, feed.num_steps());
+  p.predict(3, out);  // job 1's Y, then job 0's A B
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{y, a, b}));
+}
+
 // The window built from predict_window_delta equals predict()'s set: exactly
 // for the default implementation, and for u3m on a trace whose slots'
 // tensors do not change while in the window.

@@ -565,6 +565,32 @@ TEST(EtCorpus, ConsecutiveRequestsAreSeparatePrefills) {
   }
 }
 
+TEST(EtCorpus, TheTailOfAGenerationIsItsOwn) {
+  // gpt2-timeshare marks nothing. After a request's last model call come the
+  // ops that sample its last token from the logits (softmax, multinomial,
+  // cat); then a training step draws its batch (randint). The sampling
+  // consumes what the request wrote, so it finishes the request (Note [The
+  // tail of a generation]); it used to open the next training iteration.
+  const Trace& t = imported("corpus/gpt2-timeshare.et.json.gz");
+  std::map<std::pair<std::uint32_t, std::uint32_t>, const Op*> first;
+  std::size_t sampling = 0;
+  for (const Op& o : t.ops) {
+    first.emplace(std::pair{o.job, o.iteration}, &o);
+    if (o.name == "aten::multinomial") {
+      ++sampling;
+      EXPECT_EQ(t.jobs.at(o.job), "infer-0") << "iteration " << o.iteration;
+    }
+  }
+  EXPECT_GT(sampling, 0u);
+  std::size_t train_iterations = 0;
+  for (const auto& [key, op] : first)
+    if (t.jobs.at(key.first) == "train-0") {
+      ++train_iterations;
+      EXPECT_EQ(op->name, "aten::randint") << "training iteration " << key.second;
+    }
+  EXPECT_EQ(train_iterations, 9u);
+}
+
 TEST(EtCorpus, Gpt2Chakra110AdamStateIsRecognised) {
   // An HF-layout GPT-2 (2 layers) trained with AdamW (foreach), backward on a
   // second thread as CUDA runs it, in the 1.1.0-chakra layout torch 2.x writes.

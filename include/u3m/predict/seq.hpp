@@ -29,9 +29,11 @@ struct SeqParams {
   // Group members not accessed for this many iterations of their job are
   // dropped from the group (a stand-in for free events a trace may lack).
   std::uint32_t stale_iterations = 2;
-  // A run of one job longer than this many times its previous run is taken
-  // as a change of interleaving: the run is then assumed to continue.
-  std::uint32_t overrun_factor = 2;
+  // A run counted in op steps (a job whose runs do not begin iterations)
+  // longer than this many times its previous run is assumed to continue.
+  // 1: past its predicted end it goes on, rather than being predicted to end
+  // at every step until it does (issue 17; was 2, applied to every run).
+  std::uint32_t overrun_factor = 1;
   // Consecutive ops of a job that match nothing recorded after which the job
   // is "lost": nothing is predicted for it until an op matches again.
   std::uint32_t lost_after = 2;
