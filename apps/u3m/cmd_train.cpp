@@ -272,6 +272,7 @@ struct CheckArgs {
   double calibrate_seconds = 3;
   double compute_scale = experiments::CheckSetup{}.compute_scale;
   std::uint64_t check_stride = experiments::CheckSetup{}.check_stride;
+  std::string policy = "lookahead";
   bool json = false;
 };
 
@@ -307,7 +308,9 @@ void run_check(const CheckArgs& a) {
   }
   const std::string load_before = load_average();
   std::vector<experiments::CheckResult> rows;
-  for (const experiments::CheckConfig& c : experiments::default_check_configs()) {
+  policy::find_tiering_policy(a.policy, "--policy");
+  for (experiments::CheckConfig c : experiments::default_check_configs()) {
+    c.policy = a.policy;
     if (tty) fmt::print(stderr, "\r\033[K  running {}", c.label());
     rows.push_back(experiments::run_check(c, setup));
   }
@@ -339,7 +342,13 @@ void run_check(const CheckArgs& a) {
                        {"steps", c.steps},
                        {"device_fraction", c.device_fraction},
                        {"link_gbps", c.link_gbps},
-                       {"lookahead", c.lookahead}}},
+                       {"lookahead", c.lookahead},
+                       {"policy", c.policy}}},
+                     {"decisions",
+                      {{"same", r.same_decisions},
+                       {"sim_calls", r.sim_calls},
+                       {"real_calls", r.real_calls},
+                       {"first_difference", r.first_difference}}},
                      {"footprint_bytes", r.footprint},
                      {"device_budget_bytes", r.device_budget},
                      {"compute_step_s", r.compute_step_s},
@@ -406,6 +415,12 @@ void run_check(const CheckArgs& a) {
                  r.config.label(), r.overrun_s, r.oversleep_s,
                  approx_bytes(double(r.real.h2d_bytes)), approx_bytes(double(r.sim.h2d_bytes)),
                  r.links_label);
+    }
+    fmt::print("  decisions (what each side asked of the engine, Note [Driver calls]):\n");
+    for (const auto& r : rows) {
+      fmt::print("    {:<53} {} ({} simulated, {} real calls){}\n", r.config.label(),
+                 r.same_decisions ? "the same" : "DIFFERENT", r.sim_calls, r.real_calls,
+                 r.first_difference.empty() ? "" : "; first: " + r.first_difference);
     }
     for (const auto& r : rows) {
       if (!r.first_error.empty()) fmt::print("  error ({}): {}\n", r.config.label(), r.first_error);
@@ -502,6 +517,9 @@ void add_train_commands(CLI::App& app) {
       ->capture_default_str();
   chk->add_option("--check-stride", ca->check_stride,
                   "The real run writes and checks one 8-byte word per this many bytes (8 = all)")
+      ->capture_default_str();
+  chk->add_option("--policy", ca->policy,
+                  "Tiering policy both sides run: " + policy::tiering_policy_choices())
       ->capture_default_str();
   chk->add_flag("--json", ca->json, "One JSON object: both sides of every configuration");
   chk->callback([ca] { run_check(*ca); });

@@ -1,5 +1,10 @@
 #include "u3m/experiments/validate.hpp"
 
+#include <memory>
+
+#include "u3m/engine/steps.hpp"
+#include "u3m/policy/tiering.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -13,8 +18,10 @@
 namespace u3m::experiments {
 
 std::string CheckConfig::label() const {
-  return fmt::format("{} seq {}, device {:.0f}%, {:g} GB/s, lookahead {}", model, seq_len,
-                     100 * device_fraction, link_gbps, lookahead);
+  // The lookahead is the lookahead policy's knob; other policies ignore it.
+  return fmt::format("{} seq {}, device {:.0f}%, {:g} GB/s, {}", model, seq_len,
+                     100 * device_fraction, link_gbps,
+                     policy == "lookahead" ? fmt::format("lookahead {}", lookahead) : policy);
 }
 
 void CheckConfig::validate() const {
@@ -26,6 +33,7 @@ void CheckConfig::validate() const {
     input_error("device_fraction", "must be in (0, 1], got {}", device_fraction);
   if (!(link_gbps > 0 && std::isfinite(link_gbps)))
     input_error("link_gbps", "must be a finite rate > 0, got {}", link_gbps);
+  policy::find_tiering_policy(policy, "--policy");
 }
 
 // Note [Check configurations]
@@ -105,6 +113,9 @@ CheckResult run_check(const CheckConfig& c, const CheckSetup& setup) {
   drive::ReplayOptions ro;
   ro.device_fraction = c.device_fraction;
   ro.lookahead = c.lookahead;
+  ro.policy = c.policy;
+  policy::DriverLog real_log, sim_log;
+  ro.log = &real_log;
   ro.h2d_gbps = ro.d2h_gbps = c.link_gbps;
   ro.op_time = op_time;
   ro.check_stride = setup.check_stride;
@@ -143,7 +154,32 @@ CheckResult run_check(const CheckConfig& c, const CheckSetup& setup) {
   so.links = check_links(c, setup.local, r.link_latency_s);
   so.op_time = op_time;
   so.lookahead = c.lookahead;
-  const sim::SimReport sim = sim::simulate_trace(t, so);
+  so.log = &sim_log;
+  const std::vector<engine::Step> steps = engine::build_steps(t);
+  const std::unique_ptr<policy::TieringPolicy> pol = policy::make_tiering_policy(
+      c.policy, {.trace = t,
+                 .steps = steps,
+                 .h2d = so.links.links[static_cast<int>(engine::Link::h2d)],
+                 .s2h = {},
+                 .has_ssd = false,
+                 .lookahead = c.lookahead});
+  so.policy = pol.get();
+  const sim::SimReport sim = sim::simulate_trace(t, steps, so);
+  r.sim_calls = sim_log.size();
+  r.real_calls = real_log.size();
+  r.same_decisions = sim_log == real_log;
+  for (std::size_t i = 0; i < std::min(sim_log.size(), real_log.size()) && !r.same_decisions;
+       ++i) {
+    if (sim_log[i] == real_log[i]) continue;
+    auto say = [](const policy::DriverCall& x) {
+      return fmt::format("step {} {} tensor {}", x.step, policy::to_string(x.kind), x.tensor);
+    };
+    r.first_difference = fmt::format("call {}: simulated {}, real {}", i, say(sim_log[i]),
+                                     say(real_log[i]));
+    break;
+  }
+  if (!r.same_decisions && r.first_difference.empty())
+    r.first_difference = fmt::format("{} calls simulated, {} real", r.sim_calls, r.real_calls);
   r.links_label = sim.links_label;
   if (r.first_error.empty()) r.first_error = sim.first_error;
   for (std::uint64_t ns : sim.iteration_end_ns) r.sim.iteration_end_s.push_back(double(ns) * 1e-9);

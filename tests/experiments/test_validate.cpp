@@ -73,6 +73,25 @@ TEST(Validate, BothSidesRunAndReportConsistentFigures) {
   EXPECT_GE(r.sim.step_s, r.compute_step_s * (1 - 1e-9));
   EXPECT_DOUBLE_EQ(r.error, r.sim.step_s / r.real.step_s - 1);
   EXPECT_NE(r.links_label.find("GB/s"), std::string::npos) << r.links_label;
+  // The two sides ran the same policy and asked the engine the same.
+  EXPECT_TRUE(r.same_decisions) << r.first_difference;
+  EXPECT_GT(r.sim_calls, 100u);
+  EXPECT_EQ(r.sim_calls, r.real_calls);
+}
+
+// train check --policy: the u3m policy on both sides, its decisions compared.
+TEST(Validate, BothSidesRunTheNamedPolicy) {
+  experiments::CheckSetup setup;
+  setup.local = sim::load_profile("ascend-910b-32g");
+  setup.compute_scale = 20;
+  CheckConfig c = small_config();
+  c.policy = "u3m";
+  const experiments::CheckResult r = experiments::run_check(c, setup);
+  EXPECT_TRUE(r.data_ok) << r.first_error;
+  EXPECT_NE(r.config.label().find("u3m"), std::string::npos);
+  EXPECT_GT(r.sim_calls, 100u);
+  c.policy = "fifo";
+  EXPECT_THROW(experiments::run_check(c, setup), InputError);
 }
 
 TEST(Validate, ReplaySleepsEachOpsComputeTime) {

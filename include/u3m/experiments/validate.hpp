@@ -28,7 +28,10 @@ struct CheckConfig {
   double device_fraction = 0.5;  // device budget / footprint, in (0, 1]
   double link_gbps = 2;          // host<->device, each direction (GB/s)
   unsigned lookahead = 4;        // ops prefetched ahead; 0 = demand fetches only
-  std::string label() const;     // "tiny-mha seq 2048, device 50%, 2 GB/s, lookahead 4"
+  // The tiering policy both sides run (policy::tiering_policies()); the
+  // lookahead policy uses `lookahead`.
+  std::string policy = "lookahead";
+  std::string label() const;  // "tiny-mha seq 2048, device 50%, 2 GB/s, lookahead 4" (or the policy)
   void validate() const;         // throws InputError naming the field
 };
 
@@ -94,6 +97,13 @@ struct CheckResult {
   // replay] in src/engine/replay.cpp).
   double overrun_s = 0, oversleep_s = 0;
   double link_latency_s = 0;  // the simulated links' latency (measured unless given)
+  // The decisions compared (Note [Driver calls] in policy/tiering.hpp): both
+  // sides' logs of what they asked of the engine, and the first call where
+  // they differ ("" = none). Policies that read the clock (u3m's
+  // recalibration and link-time prefetch) may differ by design.
+  std::uint64_t sim_calls = 0, real_calls = 0;
+  bool same_decisions = false;
+  std::string first_difference;
   std::string links_label;    // the simulator's links, for "simulated with ..."
 };
 
