@@ -87,8 +87,7 @@ bool staged(const Action& a) {
 
 // ---------------------------------------------------------------- TieredStore
 
-engine::StackSpec TieredStore::stack_options(const KvConfig& c,
-                                                    const TieredStoreOptions& o) {
+engine::StackSpec TieredStore::stack_spec(const KvConfig& c, const TieredStoreOptions& o) {
   if (c.capacity_slots[idx(Tier::host)] == 0)
     input_error("kv store",
                 "capacity_slots[host] must be > 0: the engine stages SSD moves "
@@ -116,13 +115,47 @@ engine::StackSpec TieredStore::stack_options(const KvConfig& c,
   return r;
 }
 
+// Note [Either stack]
+// The store carries out the manager's actions through the engine's non-blocking calls
+// (try_acquire, evict, remove) and, when none of them can move on, waits for the engine's next
+// change. Those two things are all it needs of a stack, so it runs over the real one (its own
+// RealStack: the engine's wait_for_change blocks until a copy lands) or over the serving
+// simulator's SimStack (the wait runs the virtual clock's next event, so transfers take the
+// modelled links' time). Either stack is built from stack_spec(), so capacities agree the same
+// way (Note [Capacities agree]). A simulated engine's addresses are fake: read() and write()
+// refuse there, and a driver over it carries no bytes.
 TieredStore::TieredStore(KvConfig config, TieredStoreOptions options)
     : bm_(std::move(config)),
       slot_bytes_(bm_.config().geometry.slot_bytes()),
       opt_(std::move(options)),
-      stack_(stack_options(bm_.config(), opt_)) {
+      real_(std::make_unique<engine::RealStack>(stack_spec(bm_.config(), opt_))),
+      engine_(real_->engine()),
+      wait_([e = &real_->engine()](std::uint64_t seen) { return e->wait_for_change(seen); }),
+      has_bytes_(true) {
   // Note [Capacities agree]: the engine never picks a victim itself.
-  stack_.engine().set_victim_order(engine::Engine::VictimOrder::owner);
+  engine_.set_victim_order(engine::Engine::VictimOrder::owner);
+}
+
+TieredStore::TieredStore(KvConfig config, StoreStack stack, TieredStoreOptions options)
+    : bm_(std::move(config)),
+      slot_bytes_(bm_.config().geometry.slot_bytes()),
+      opt_(std::move(options)),
+      engine_(stack.engine),
+      wait_(std::move(stack.wait)),
+      has_bytes_(stack.has_bytes) {
+  const engine::StackSpec spec = stack_spec(bm_.config(), opt_);
+  const engine::EngineConfig& c = engine_.config();
+  if (c.device.capacity != spec.device_bytes || c.host.capacity != spec.host_bytes)
+    throw std::invalid_argument(fmt::format(
+        "kv store: the engine's capacities are {} B device, {} B host; the config needs {} and {}",
+        c.device.capacity, c.host.capacity, spec.device_bytes, spec.host_bytes));
+  if (!wait_) throw std::invalid_argument("kv store: no wait for the engine's stack");
+  engine_.set_victim_order(engine::Engine::VictimOrder::owner);
+}
+
+const engine::RealStack& TieredStore::stack() const {
+  if (!real_) throw std::logic_error("kv store: runs over the caller's stack, not a real one");
+  return *real_;
 }
 
 TieredStore::~TieredStore() {
@@ -206,11 +239,11 @@ void TieredStore::drain() {
 // engine.cpp). Only unreferenced cached blocks rest on SSD, so that costs a recompute, never
 // an admitted request's KV: the manager drops the block, and the next call frees it.
 void TieredStore::reap_lost() {
-  const std::uint64_t now = stack_.engine().stats().lost_tensors;
+  const std::uint64_t now = engine_.stats().lost_tensors;
   if (now == lost_seen_) return;
   lost_seen_ = now;
   for (const auto& [id, tier] : live_) {
-    const auto r = stack_.engine().residency(id);
+    const auto r = engine_.residency(id);
     if (!r || !r->lost || block_pending_.contains(id)) continue;
     if (tier != Tier::ssd)
       throw std::runtime_error(
@@ -227,7 +260,7 @@ bool TieredStore::ready(const Action& a) const {
 }
 
 void TieredStore::wait_until(const std::function<bool()>& done) {
-  engine::Engine& e = stack_.engine();
+  engine::Engine& e = engine_;
   for (;;) {
     const std::uint64_t seen = e.epoch();
     const bool changed = pump();
@@ -235,7 +268,7 @@ void TieredStore::wait_until(const std::function<bool()>& done) {
     if (changed) continue;
     if (std::none_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.started; }))
       throw std::logic_error("kv store: waiting for actions none of which can start");
-    if (e.wait_for_change(seen) == mem::Status::out_of_memory) {
+    if (wait_(seen) == mem::Status::out_of_memory) {
       // The engine can make no progress (Note [No progress] in engine.cpp): what is waiting
       // for room will not get it. Those actions fail and are rolled back.
       std::vector<std::uint64_t> stuck;
@@ -303,7 +336,7 @@ void TieredStore::resolve(std::uint64_t seq, Outcome o) {
 }
 
 std::optional<Outcome> TieredStore::step(Exec& x) {
-  engine::Engine& e = stack_.engine();
+  engine::Engine& e = engine_;
   const Action& a = x.a;
   const engine::TensorId id = a.block;
   if (!x.started) {
@@ -404,6 +437,8 @@ std::optional<Outcome> TieredStore::step(Exec& x) {
 
 engine::TensorId TieredStore::locate(RequestId id, std::uint32_t block, std::uint32_t group,
                                      std::uint64_t offset, std::uint64_t len, Tier* tier) {
+  if (!has_bytes_)
+    throw std::logic_error("kv store: a simulated stack holds no bytes to read or write");
   if (!bm_.running(id))
     throw std::out_of_range(fmt::format("kv store: request {} is not running", id));
   const auto& table = bm_.table(id);
@@ -433,7 +468,7 @@ void TieredStore::write(RequestId id, std::uint32_t block, std::uint32_t group,
                         std::uint64_t offset, const void* src, std::uint64_t len) {
   Tier tier;
   const engine::TensorId t = locate(id, block, group, offset, len, &tier);
-  engine::Engine& e = stack_.engine();
+  engine::Engine& e = engine_;
   engine::Lease l;
   check(e.acquire(t, tier, engine::Access::write, &l), "write lease", t);
   std::memcpy(static_cast<char*>(l.ptr) + offset, src, len);
@@ -446,7 +481,7 @@ void TieredStore::read(RequestId id, std::uint32_t block, std::uint32_t group, s
                        void* dst, std::uint64_t len) {
   Tier tier;
   const engine::TensorId t = locate(id, block, group, offset, len, &tier);
-  engine::Engine& e = stack_.engine();
+  engine::Engine& e = engine_;
   engine::Lease l;
   check(e.acquire(t, tier, engine::Access::read, &l), "read lease", t);
   std::memcpy(dst, static_cast<const char*>(l.ptr) + offset, len);
@@ -457,7 +492,7 @@ void TieredStore::read(RequestId id, std::uint32_t block, std::uint32_t group, s
 }
 
 void TieredStore::check_agreement() const {
-  const engine::Engine& e = stack_.engine();
+  const engine::Engine& e = engine_;
   std::uint64_t in_memory[2] = {0, 0};
   for (const auto& entry : live_) {
     const engine::TensorId id = entry.first;  // not a structured binding: the lambda uses it

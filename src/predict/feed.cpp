@@ -1,4 +1,5 @@
 // TraceFeed, the predictor registry and shared helpers.
+#include <cstring>
 #include <utility>
 
 #include <xxhash.h>
@@ -39,13 +40,17 @@ void Predictor::predict_window_delta(std::uint32_t horizon, std::vector<Predicte
 }
 
 std::uint64_t op_signature(const trace::Op& op) {
-  struct {
-    std::uint8_t cls, phase;
-    std::int32_t layer;
-    std::uint32_t job;
-  } k{static_cast<std::uint8_t>(op.cls), static_cast<std::uint8_t>(op.phase), op.layer, op.job};
+  // The key's bytes, packed: a struct would hash its padding, which is
+  // indeterminate, so equal ops could get different signatures.
+  const auto cls = static_cast<std::uint8_t>(op.cls);
+  const auto phase = static_cast<std::uint8_t>(op.phase);
+  unsigned char k[sizeof cls + sizeof phase + sizeof op.layer + sizeof op.job];
+  std::memcpy(k, &cls, sizeof cls);
+  std::memcpy(k + sizeof cls, &phase, sizeof phase);
+  std::memcpy(k + sizeof cls + sizeof phase, &op.layer, sizeof op.layer);
+  std::memcpy(k + sizeof cls + sizeof phase + sizeof op.layer, &op.job, sizeof op.job);
   XXH64_hash_t h = XXH64(op.name.data(), op.name.size(), 0);
-  return XXH64(&k, sizeof k, h);
+  return XXH64(k, sizeof k, h);
 }
 
 TraceFeed::TraceFeed(const trace::Trace& t) : trace_(&t) {

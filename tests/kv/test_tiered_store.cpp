@@ -1,6 +1,7 @@
 // The tiered KV store (src/kv/tiered_store.cpp, docs/kv.md "The data path"): the block
 // manager's actions carried out on the real engine (device-emu HBM, pinned host, SSD store),
-// with real bytes. A shadow copy of everything written checks every read.
+// with real bytes. A shadow copy of everything written checks every read. Last, the same
+// store over the simulated stack (Note [Either stack]).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "u3m/kv/tiered_store.hpp"
+#include "u3m/sim/sim_stack.hpp"
 #include "u3m/util/error.hpp"
 
 using namespace u3m;
@@ -446,4 +450,138 @@ TEST(KvTieredStoreFaults, EveryActionTypeFailsCleanlyAndLosesNothing) {
     EXPECT_GT(d.verified, 500u);
     EXPECT_GT(ks.hit_blocks, 50u);
   }
+}
+
+// Note [Either stack] in tiered_store.cpp: the same store over sim::SimStack (the engine on
+// fake addresses, modelled links, virtual time). The same random submits, finishes and spills
+// over the real stack and the simulated one get the same answers, admissions and manager and
+// store counters (the manager decides on settled state, so the stack's timing cannot change a
+// decision), the engines agree with the manager after every call, and the simulated moves
+// take virtual time on the modelled links. No bytes: the simulated stack has none.
+namespace {
+
+struct Outcomes {
+  std::vector<std::string> log;  // one line per call
+  KvStats kv;
+  TieredStoreStats st;
+};
+
+Outcomes random_calls(TieredStore& store, std::uint64_t seed) {
+  Outcomes o;
+  std::mt19937_64 rng(seed);
+  auto pick = [&](std::uint64_t n) {
+    return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng);
+  };
+  std::map<RequestId, ServeRequest> reqs;
+  std::vector<RequestId> running, retry;
+  auto admitted = [&](const std::vector<Admission>& adm) {
+    for (const Admission& a : adm) {
+      running.push_back(a.id);
+      o.log.push_back(fmt::format("admit {} hit {} promoted {}", a.id, a.hit_blocks,
+                                  a.promoted_slots));
+    }
+  };
+  RequestId next = 1;
+  for (int step = 0; step < 3000 && (next <= 300 || !running.empty()); ++step) {
+    if (pick(100) < 45 && next <= 300) {
+      const RequestId id = !retry.empty() && pick(2) ? retry.back() : next++;
+      if (!retry.empty() && id == retry.back()) retry.pop_back();
+      if (!reqs.contains(id)) {
+        std::vector<PromptSegment> p;
+        for (int i = 0; i < 1 + static_cast<int>(pick(3)); ++i)
+          p.push_back({"doc" + std::to_string(pick(1 + pick(25))), 8});
+        p.push_back({"q" + std::to_string(id), 1 + static_cast<std::uint32_t>(pick(6))});
+        reqs[id] = req(p, 1 + static_cast<std::uint32_t>(pick(8)));
+      }
+      Admission a;
+      const SubmitResult s = store.submit(id, reqs.at(id), &a);
+      o.log.push_back(fmt::format("submit {} -> {}", id, static_cast<int>(s)));
+      if (s == SubmitResult::admitted) admitted({a});
+      if (s == SubmitResult::refused_queue_full) retry.push_back(id);
+    } else if (!running.empty()) {
+      const std::size_t i = pick(running.size());
+      const RequestId id = running[i];
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      o.log.push_back(fmt::format("finish {}", id));
+      admitted(store.finish(id));
+    } else if (store.manager().emergency()) {
+      o.log.push_back(fmt::format("spill {}", store.spill(2 * store.slot_bytes())));
+    }
+  }
+  store.drain();
+  o.kv = store.manager().stats();
+  o.st = store.stats();
+  return o;
+}
+
+}  // namespace
+
+TEST(KvTieredStore, SimulatedStackMakesTheRealStacksDecisionsInVirtualTime) {
+  KvConfig c = config(12, 40, 400);
+  TieredStoreOptions o = Driver::checked();
+  Outcomes real;
+  {
+    TieredStore store(c, o);
+    real = random_calls(store, 5);
+  }
+  sim::VirtualTime vt;
+  engine::StackSpec spec = TieredStore::stack_spec(c, o);
+  spec.links[int(engine::Link::d2h)] = {1e6, 10e-6};  // 512 B slots: 0.5 ms a move
+  spec.links[int(engine::Link::h2d)] = {1e6, 10e-6};
+  spec.links[int(engine::Link::h2s)] = {2e5, 50e-6};
+  spec.links[int(engine::Link::s2h)] = {4e5, 50e-6};
+  Outcomes simulated;
+  {
+    sim::SimStack stack(spec, vt);
+    TieredStore store(c,
+                      {stack.engine,
+                       [&](std::uint64_t seen) {
+                         while (stack.engine.epoch() == seen)
+                           if (!vt.run_next()) return mem::Status::out_of_memory;
+                         return mem::Status::ok;
+                       },
+                       /*has_bytes=*/false},
+                      o);
+    simulated = random_calls(store, 5);
+    EXPECT_THROW(store.stack(), std::logic_error);
+    // Virtual time moved with the modelled transfers, and only through them.
+    const sim::SimLinkStats& up = stack.transport.link(engine::Link::s2h);
+    const sim::SimLinkStats& out = stack.transport.link(engine::Link::h2s);
+    EXPECT_GT(up.bytes, 0u);
+    EXPECT_GT(out.bytes, 0u);
+    EXPECT_GE(vt.now_ns(), out.busy_ns);  // the SSD writes alone took this long
+    EXPECT_GT(vt.now_ns(), 0u);
+    // No bytes to read or write there.
+    RequestId live = 0;
+    for (RequestId id = 1; id <= 300 && !live; ++id)
+      if (store.manager().running(id)) live = id;
+    if (live) {
+      char b = 0;
+      EXPECT_THROW(store.read(live, 0, 0, 0, &b, 1), std::logic_error);
+    }
+  }
+  vt.run_all();
+  ASSERT_EQ(real.log.size(), simulated.log.size());
+  for (std::size_t i = 0; i < real.log.size(); ++i) ASSERT_EQ(real.log[i], simulated.log[i]) << i;
+  EXPECT_EQ(real.kv.hit_blocks, simulated.kv.hit_blocks);
+  EXPECT_EQ(real.kv.promoted_slots, simulated.kv.promoted_slots);
+  for (int t = 0; t < kTiers; ++t)
+    EXPECT_EQ(real.kv.demoted_slots[t], simulated.kv.demoted_slots[t]) << t;
+  EXPECT_EQ(real.st.allocated, simulated.st.allocated);
+  EXPECT_EQ(real.st.moved, simulated.st.moved);
+  EXPECT_EQ(real.st.freed, simulated.st.freed);
+  EXPECT_GT(real.kv.promoted_slots, 10u);  // the SSD path was really taken
+  EXPECT_GT(real.log.size(), 300u);
+}
+
+TEST(KvTieredStore, ACallersStackMustHaveTheConfigsCapacities) {
+  KvConfig c = config(12, 40, 400);
+  sim::VirtualTime vt;
+  engine::StackSpec spec = TieredStore::stack_spec(c, {});
+  for (mem::LinkModel& l : spec.links) l = {1e9, 1e-6};
+  spec.device_bytes += 1;
+  sim::SimStack stack(spec, vt);
+  auto wait = [](std::uint64_t) { return mem::Status::out_of_memory; };
+  EXPECT_THROW(TieredStore(c, {stack.engine, wait, false}), std::invalid_argument);
+  EXPECT_THROW(TieredStore(c, {stack.engine, {}, false}), std::invalid_argument);
 }

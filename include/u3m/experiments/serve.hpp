@@ -122,6 +122,7 @@ struct ServeResult {
   std::vector<ServeRequestResult> per_request;
 };
 
+// serve::ServingSim(s, stop_after_misses).run() (experiments/serving_sim.hpp).
 // `stop_after_misses`: stop once more requests than this missed an SLO (the
 // capacity search's early exit); 0 = run to the end.
 ServeResult simulate_serving(const ServeScenario& s, std::uint64_t stop_after_misses = 0);

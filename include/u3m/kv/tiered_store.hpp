@@ -1,5 +1,7 @@
 // The tiered KV cache's data path (issue 6 item 5, issue 7's KV cache; docs/kv.md, "The data
-// path"). A TieredStore owns a BlockManager (the decisions) and a real Engine (the bytes): it
+// path"). A TieredStore owns a BlockManager (the decisions) and drives an Engine (the bytes):
+// its own real stack, or a stack the caller built from stack_spec() (the serving simulator's
+// sim::SimStack; Note [Either stack] in tiered_store.cpp). It
 // carries out every Action the manager emits on the engine, so each physical block (token
 // block x layer group) is one engine tensor of slot_bytes that really lives in the tier the
 // manager says. Requests read and write their KV by (request, logical token block, group,
@@ -54,12 +56,28 @@ struct TieredStoreOptions {
   unsigned attempts = 8;
 };
 
+// The stack a store runs over when the caller builds it (Note [Either stack]).
+struct StoreStack {
+  engine::Engine& engine;  // built from TieredStore::stack_spec(config, options)
+  // Blocks until engine.epoch() != seen; out_of_memory when nothing can change any more.
+  // Real stack: Engine::wait_for_change. Simulated: run the virtual clock's next event.
+  std::function<mem::Status(std::uint64_t seen)> wait;
+  // false: the engine's addresses are fake (a simulated stack), so read() and write() refuse.
+  bool has_bytes = true;
+};
+
 class TieredStore {
  public:
   // Validates `config` (InputError naming the field) and builds the engine with capacities
   // equal to the manager's: Note [Capacities agree]. Needs a host tier (capacity_slots[host]
   // > 0): the engine stages every SSD move through host memory.
   explicit TieredStore(KvConfig config, TieredStoreOptions options = {});
+  // Over the caller's stack, which must outlive the store: its engine's capacities must be
+  // stack_spec(config, options)'s (std::invalid_argument otherwise).
+  TieredStore(KvConfig config, StoreStack stack, TieredStoreOptions options = {});
+  // The stack this config needs (Note [Capacities agree]): budgets and SSD size. InputError
+  // for a config the store cannot run.
+  static engine::StackSpec stack_spec(const KvConfig& c, const TieredStoreOptions& o);
   ~TieredStore();
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
@@ -97,8 +115,9 @@ class TieredStore {
 
   const BlockManager& manager() const { return bm_; }
   BlockManager& manager() { return bm_; }
-  engine::EngineStats engine_stats() const { return stack_.engine().stats(); }
-  const engine::RealStack& stack() const { return stack_; }
+  engine::EngineStats engine_stats() const { return engine_.stats(); }
+  // The store's own real stack; std::logic_error over a caller's stack.
+  const engine::RealStack& stack() const;
   const TieredStoreStats& stats() const { return st_; }
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::size_t live_blocks() const { return live_.size(); }
@@ -111,7 +130,6 @@ class TieredStore {
     bool landed = false;  // a move to memory whose copy is there; the other one still to drop
     unsigned attempts = 0;
   };
-  static engine::StackSpec stack_options(const KvConfig& c, const TieredStoreOptions& o);
   std::vector<RequestId> execute();  // submits the prepared actions, settles admissions
   void enqueue();                    // the manager's prepared actions into pending_
   void reap_lost();  // blocks the engine lost at rest: the manager forgets them
@@ -127,7 +145,10 @@ class TieredStore {
   BlockManager bm_;
   std::uint64_t slot_bytes_;
   TieredStoreOptions opt_;
-  engine::RealStack stack_;
+  std::unique_ptr<engine::RealStack> real_;  // null over a caller's stack
+  engine::Engine& engine_;
+  std::function<mem::Status(std::uint64_t)> wait_;
+  bool has_bytes_;
   std::unordered_map<engine::TensorId, Tier> live_;  // allocated blocks, where they are
   std::map<std::uint64_t, Exec> pending_;            // by seq: started in that order
   std::unordered_map<engine::TensorId, unsigned> block_pending_;  // pending actions per block

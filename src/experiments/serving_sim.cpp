@@ -1,0 +1,549 @@
+// serve::ServingSim (issue 6): continuous batching over the tiered KV block manager, costs
+// from the hardware profile. docs/serving.md.
+#include "u3m/experiments/serving_sim.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "u3m/engine/transport.hpp"
+#include "u3m/kv/recompute.hpp"
+#include "u3m/sim/cost.hpp"
+#include "u3m/util/error.hpp"
+#include "u3m/workload/analytic.hpp"
+
+namespace u3m::experiments {
+
+// Note [KV streaming]
+// Compute reads KV in HBM directly and KV in DRAM over the host link, layer
+// group by layer group: group g's fetch overlaps group g-1's compute, so an
+// iteration ends at max(compute start + compute, last fetch done + one
+// group's compute). The fetch is booked on the h2d link, behind whatever
+// promotions are queued there.
+//
+// Note [Tensor-parallel group]
+// The cards serve as one tensor-parallel group (Megatron-style): weights,
+// FLOPs, HBM traffic and KV are split evenly across them (KV by heads), so
+// the group is one device with N times the FLOP rate and HBM bandwidth, and
+// every KV transfer uses all N host links (or N drives) at once. Each layer
+// adds two all-reduces of the iteration's activations (tokens x d_model x 2
+// bytes) on the peer mesh: reduce-scatter then all-gather, each card sending
+// 1/N of the message to every peer in parallel, 2 * (latency + msg / (N *
+// peer bandwidth)). The all-reduces are not overlapped with compute.
+//
+// Note [Continuous batching]
+// Iteration-level scheduling as vLLM with chunked prefill: every iteration
+// runs one token for each request that is decoding, then fills the rest of a
+// token budget (max_batch_tokens, default 2048) with prefill chunks of
+// admitted requests in admission order. A request's first token comes at the
+// end of the iteration that finishes its prefill; each later iteration adds
+// one token. Admission is the block manager's: a request reserves all its
+// KV (prompt + output) when admitted and is never preempted, so both policies
+// admit under the same rule; hbm-only simply has less room.
+//
+// Note [Write-behind]
+// Demoting a victim copies it out before its slot is reused: HBM -> DRAM
+// over d2h, DRAM -> SSD over h2s, HBM -> SSD through both. The request whose
+// admission made room waits for the HBM copy-out (d2h), but SSD writes
+// drain from a staging buffer in DRAM, as a write-back cache does: the
+// request waits for an SSD write only past the buffer's size. `u3m` keeps
+// no KV in DRAM, so its buffer is the DRAM share given to KV
+// (dram_kv_fraction of host DRAM); policies that keep KV in DRAM get one
+// second of SSD writes (~14 GB for 4 x 3.5 GB/s). The bytes are always
+// booked on the links. Spills (Note [DRAM emergency]) are booked the same way.
+//
+// Note [Iteration cost]
+// One iteration is one roofline op over the group (sim::op_cost): FLOPs =
+// 2 * layer params * tokens + attention 4 * heads * head_dim * context per
+// token and layer + lm_head for each sequence that emits a token; bytes =
+// weights once + the HBM-resident KV the batch reads + the KV it writes.
+// Launch overhead is charged for 8 kernels per layer (norm, qkv, attention,
+// o, norm, gate/up, activation, down). Plus the all-reduces and the KV
+// streaming above.
+
+namespace {
+
+using engine::Link;
+using kv::Tier;
+constexpr int kKernelsPerLayer = 8;
+
+double per_token_linear_flops(const workload::ModelShape& m) {
+  return 2.0 * static_cast<double>(workload::analytic::layer_param_count(m)) * m.layers;
+}
+double attn_flops_per_ctx(const workload::ModelShape& m) {
+  return 4.0 * m.heads * m.head_dim() * m.layers;
+}
+double lm_head_flops(const workload::ModelShape& m) {
+  return 2.0 * static_cast<double>(m.vocab) * m.d_model;
+}
+double weight_bytes(const workload::ModelShape& m) {
+  return 2.0 * static_cast<double>(workload::analytic::param_count(m));
+}
+
+// The work of one iteration.
+struct Work {
+  double tokens = 0, flops = 0, hbm_bytes = 0, host_kv_bytes = 0;
+  std::uint32_t seqs = 0;
+};
+
+// Seconds of compute for one iteration (Note [Iteration cost]), all-reduces included.
+double iteration_compute_s(const ServeScenario& s, const Work& w) {
+  const double n = s.cards;
+  const double bytes = weight_bytes(s.shape) + w.hbm_bytes;
+  double t = sim::op_cost(s.hw, w.flops / n, bytes / n).total_s +
+             (kKernelsPerLayer * s.shape.layers - 1) * s.hw.device.launch_overhead.si;
+  if (s.cards > 1) {
+    const double msg = w.tokens * s.shape.d_model * 2.0;
+    const auto& p = s.hw.peer_link;
+    t += 2.0 * s.shape.layers * 2.0 * (p.latency.si + msg / (n * p.bandwidth_practical.si));
+  }
+  return t;
+}
+
+// Adds `tokens` tokens at positions [begin, begin + tokens) to the work.
+void add_tokens(const ServeScenario& s, Work& w, double begin, double tokens, bool emits) {
+  const double kv_tok = static_cast<double>(workload::analytic::kv_bytes_per_token(s.shape));
+  w.tokens += tokens;
+  const double ctx_sum = tokens * (2 * begin + tokens - 1) / 2;  // attention over the prefix
+  w.flops += tokens * per_token_linear_flops(s.shape) + ctx_sum * attn_flops_per_ctx(s.shape);
+  if (emits) {
+    w.flops += lm_head_flops(s.shape);
+    ++w.seqs;
+  }
+  w.hbm_bytes += kv_tok * (begin + tokens);  // read the context once, write the new tokens
+}
+
+}  // namespace
+double prefill_seconds(const ServeScenario& s, std::uint64_t prompt_tokens) {
+  double t = 0;
+  for (std::uint64_t b = 0; b < prompt_tokens; b += s.max_batch_tokens) {
+    const std::uint64_t n = std::min<std::uint64_t>(s.max_batch_tokens, prompt_tokens - b);
+    Work w;
+    add_tokens(s, w, static_cast<double>(b), static_cast<double>(n), b + n == prompt_tokens);
+    t += iteration_compute_s(s, w);
+  }
+  return t;
+}
+
+double decode_step_seconds(const ServeScenario& s, std::uint64_t context_tokens) {
+  Work w;
+  add_tokens(s, w, static_cast<double>(context_tokens), 1, true);
+  return iteration_compute_s(s, w);
+}
+
+}  // namespace u3m::experiments
+
+namespace u3m::serve {
+
+using namespace experiments;
+
+namespace {
+const ServeScenario& validated(const ServeScenario& s) {
+  s.validate();
+  return s;
+}
+}  // namespace
+
+ServingSim::ServingSim(const ServeScenario& s, std::uint64_t stop_after)
+    : s_(validated(s)), pol_(serve_policy(s.policy)), stop_after_(stop_after), bm_(make_config()) {
+  res_.policy = s.policy;
+  res_.slo = s.effective_slo();
+  const auto& hw = s.hw;
+  const double n = s.cards;
+  const double drives = hw.ssd.drives_per_node.si / hw.node.cards_per_node.si;
+  auto& L = res_.links;
+  const double pcie = hw.host_link.bandwidth_practical.si * n;
+  links_[0] = {pcie, hw.host_link.latency.si, 0, &L[0]};
+  links_[1] = {pcie, hw.host_link.latency.si, 0, &L[1]};
+  links_[2] = {hw.ssd.write_bandwidth.si * drives * n, hw.ssd.write_latency.si, 0, &L[2]};
+  links_[3] = {hw.ssd.read_bandwidth.si * drives * n, hw.ssd.read_latency.si, 0, &L[3]};
+  eff_flops_ = hw.device.peak_flops.si * hw.device.matmul_efficiency.si * n;
+  staging_bytes_ = pol_.dram ? links_[2].bw * 1.0  // one second of SSD writes
+                             : n * hw.host.dram_capacity.si * s.dram_kv_fraction;
+  bm_.on_alert([this](const kv::KvAlert& a) {
+    if (a.emergency && res_.first_alert_s < 0) res_.first_alert_s = now_;
+  });
+}
+
+kv::KvConfig ServingSim::make_config() {
+  geo_ = kv::KvGeometry::of(s_.shape, s_.block_tokens, s_.layers_per_group);
+  kv::KvConfig c;
+  c.geometry = geo_;
+  const double slot = static_cast<double>(geo_.slot_bytes());
+  const double n = s_.cards;
+  const double kv_hbm =
+      n * s_.hw.device.hbm_capacity.si * s_.hbm_utilization - weight_bytes(s_.shape);
+  if (kv_hbm <= 0)
+    input_error("--model", "{} ({:.1f} GB of 16-bit weights) leaves no HBM for KV on {} x {}",
+                s_.shape.name, weight_bytes(s_.shape) / 1e9, s_.cards, s_.hw.name);
+  if (kv_hbm < slot)  // the weights fit; one block of this many tokens does not
+    input_error("--block-tokens",
+                "{} tokens make a KV slot of {:.1f} GB, more than the {:.1f} GB of HBM the "
+                "weights leave on {} x {}",
+                s_.block_tokens, slot / 1e9, kv_hbm / 1e9, s_.cards, s_.hw.name);
+  c.capacity_slots[0] = static_cast<std::uint64_t>(kv_hbm / slot);
+  if (pol_.dram)
+    c.capacity_slots[1] =
+        static_cast<std::uint64_t>(n * s_.hw.host.dram_capacity.si * s_.dram_kv_fraction / slot);
+  if (pol_.ssd) c.capacity_slots[2] = static_cast<std::uint64_t>(n * s_.ssd_bytes_per_card / slot);
+  c.home = pol_.design_homes ? kv::KvConfig::default_homes(geo_)
+                             : std::vector<Tier>(geo_.groups(), Tier::device);
+  c.overcommit = pol_.overcommit;
+  c.policy = pol_.eviction;
+  c.expected_request_tokens = 2048;
+  return c;
+}
+
+namespace hop {
+// The links a move crosses, in order; DRAM is the bounce buffer between HBM and SSD.
+std::vector<int> path(Tier from, Tier to) {
+  const int d2h = 0, h2d = 1, h2s = 2, s2h = 3;
+  if (from == Tier::device && to == Tier::host) return {d2h};
+  if (from == Tier::host && to == Tier::device) return {h2d};
+  if (from == Tier::host && to == Tier::ssd) return {h2s};
+  if (from == Tier::ssd && to == Tier::host) return {s2h};
+  if (from == Tier::device && to == Tier::ssd) return {d2h, h2s};
+  if (from == Tier::ssd && to == Tier::device) return {s2h, h2d};
+  return {};
+}
+}  // namespace hop
+
+// Note [SSD queues]
+// Reads (s2h) and writes (h2s) of the SSD have their own FIFO queues here,
+// unlike SimTransport's shared one: almost every write is write-behind
+// (Note [Write-behind]), and a serving system lets a read that a request
+// waits for go ahead of them; NVMe drives serve both directions at once.
+double ServingSim::book_move(double t, Tier from, Tier to, double bytes) {
+  for (int l : hop::path(from, to)) t = links_[l].book(t, bytes);
+  return t;
+}
+
+double ServingSim::demote(const kv::Action& a) {
+  double t = now_;
+  for (int l : hop::path(a.from, a.to)) {
+    t = links_[l].book(t, double(a.bytes));
+    // SSD writes drain from the staging buffer: waiting starts past its size.
+    if (l == 2) t -= staging_bytes_ / links_[2].bw;
+  }
+  return std::max(now_, t);
+}
+
+double ServingSim::estimate_move(double t, Tier from, Tier to, double bytes) const {
+  for (int l : hop::path(from, to))
+    t = std::max(t, links_[l].free_at) + bytes / links_[l].bw + links_[l].lat;
+  return t;
+}
+
+// Recompute or fetch (Note [Recompute or fetch] in src/kv/recompute.cpp): per promoted
+// token block of the hit run, kv::RecomputeOrFetch picks; the simulator prices it from the
+// profile and its links. Recomputed blocks join the request's prefill; their moves are not
+// booked (the slot is written by compute, through the host link when the slot is in DRAM).
+// Hits already in HBM, and DRAM hits that found no HBM room, are used in place (the latter
+// streamed, Note [KV streaming]).
+void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
+  const std::vector<kv::Action> acts = bm_.take_actions();
+  // Promotions per request and token block; all other moves are background.
+  std::unordered_map<kv::TokenBlockId, std::vector<const kv::Action*>> promos;
+  for (const kv::Action& a : acts)
+    if (a.kind == kv::Action::Kind::move && a.reason == kv::Action::Reason::promote)
+      promos[a.block / kv::kMaxGroups].push_back(&a);
+  double background_done = now_;  // when the slots these admissions take are free
+  for (const kv::Action& a : acts)
+    if (a.kind == kv::Action::Kind::move && a.reason != kv::Action::Reason::promote)
+      background_done = std::max(background_done, demote(a));
+  const std::uint64_t B = s_.block_tokens;
+  const kv::RecomputeCosts costs{
+      .recompute_s = [&](std::uint32_t i) { return geo_.recompute_flops(i) / eff_flops_; },
+      .fetch_s = [&](Tier f, Tier t, std::uint64_t b) {
+        return estimate_move(now_, f, t, double(b)) - now_;
+      },
+      .hold_s = [&](Tier f, std::uint64_t b) {
+        return double(b) / links_[f == Tier::ssd ? 3 : 1].bw;
+      }};
+  for (const kv::Admission& a : adms) {
+    Req& q = reqs_[a.id];
+    q.running = true;
+    running_.push_back(a.id);
+    res_.max_concurrency = std::max<std::uint64_t>(res_.max_concurrency, running_.size());
+    q.ready_at = background_done;  // Note [Write-behind]
+    const auto& table = bm_.table(a.id);
+    const std::uint64_t hit = std::min<std::uint64_t>(a.hit_tokens, q.prompt - 1);
+    res_.per_request[a.id].hit_tokens = a.hit_tokens;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> recompute;
+    kv::RecomputeOrFetch choice(costs, pol_.recompute_choice);
+    for (std::uint32_t i = 0; i < a.prompt_full_blocks && i < table.size(); ++i) {
+      auto it = promos.find(table[i]);
+      if (it == promos.end()) continue;
+      // A block past the hit run (adopted after a miss) is computed by the prefill anyway.
+      const bool in_prefill = i * B >= hit;
+      if (in_prefill || choice.choose(i, it->second) == kv::KvSource::recompute) {
+        if (!in_prefill) {
+          recompute.push_back({i * B, std::min<std::uint64_t>((i + 1) * B, hit)});
+          res_.per_request[a.id].recomputed_tokens += recompute.back().second - i * B;
+        }
+        for (const kv::Action* m : it->second)
+          if (m->to == Tier::host) book_move(now_, Tier::device, Tier::host, double(m->bytes));
+      } else {
+        for (const kv::Action* m : it->second)
+          q.ready_at = std::max(q.ready_at, book_move(now_, m->from, m->to, double(m->bytes)));
+      }
+      promos.erase(it);
+    }
+    q.todo = std::move(recompute);
+    q.todo.push_back({hit, q.prompt});
+    // Tiers of a running request's slots never change (only unreferenced blocks move).
+    q.host_prefix.assign(table.size() + 1, 0.0);
+    for (std::size_t i = 0; i < table.size(); ++i) {
+      double h = 0;
+      for (std::uint32_t g = 0; g < geo_.groups(); ++g)
+        if (bm_.slot_tier(table[i], g) == Tier::host) h += double(geo_.group_bytes(g));
+      q.host_prefix[i + 1] = q.host_prefix[i] + h;
+    }
+  }
+  // Promotions of blocks no request here claims (none expected) are still real moves.
+  for (auto& [tb, moves] : promos)
+    for (const kv::Action* m : moves) book_move(now_, m->from, m->to, double(m->bytes));
+}
+
+void ServingSim::submit(std::size_t i) {
+  kv::Admission a;
+  switch (bm_.submit(i, *reqs_[i].r, &a)) {
+    case kv::SubmitResult::admitted:
+      admitted({a});
+      break;
+    case kv::SubmitResult::queued:
+      break;
+    case kv::SubmitResult::refused_queue_full:
+    case kv::SubmitResult::aborted:  // never here: the simulator completes every action ok
+      backlog_.push_back(i);
+      ++res_.retried_submits;
+      break;
+    case kv::SubmitResult::too_large:
+      reqs_[i].done = true;
+      res_.per_request[i].too_large = true;
+      ++res_.too_large;
+      miss();
+      break;
+  }
+}
+
+void ServingSim::retry_backlog() {
+  while (!backlog_.empty()) {
+    const std::size_t i = backlog_.front();
+    backlog_.pop_front();
+    const std::size_t before = backlog_.size();
+    submit(i);
+    if (backlog_.size() > before) {  // refused again: it goes back to the front
+      backlog_.pop_back();
+      backlog_.push_front(i);
+      --res_.retried_submits;  // counted once per request
+      break;
+    }
+  }
+}
+
+void ServingSim::finish(std::size_t i) {
+  Req& q = reqs_[i];
+  q.done = true;
+  q.running = false;
+  ServeRequestResult& r = res_.per_request[i];
+  r.finish_s = now_;
+  const ServeSlo slo = res_.slo;
+  const double ttft_ms = 1e3 * (r.first_token_s - r.arrival_s);
+  const double tpot_ms = q.output > 1 ? 1e3 * (r.finish_s - r.first_token_s) / (q.output - 1) : 0.0;
+  r.met = ttft_ms <= 1e3 * r.ttft_slo_s && tpot_ms <= slo.tpot_ms;
+  if (!r.met && !q.missed) miss();
+  ++res_.finished;
+  admitted(bm_.finish(i));
+  retry_backlog();
+}
+
+void ServingSim::spill() {
+  // Note [DRAM emergency]: the budget is spill_rate * elapsed time, no more.
+  if (!bm_.emergency()) {
+    spill_credit_ = 0;
+    last_spill_ = now_;
+    return;
+  }
+  // Credit is capped at one second's worth, so a long wait for victims does not burst.
+  spill_credit_ = std::min(spill_credit_ + s_.spill_rate * (now_ - last_spill_),
+                           std::max(s_.spill_rate, double(geo_.slot_bytes())));
+  last_spill_ = now_;
+  const std::uint64_t moved = bm_.spill(static_cast<std::uint64_t>(spill_credit_));
+  spill_credit_ -= static_cast<double>(moved);
+  for (const kv::Action& a : bm_.take_actions())
+    if (a.kind == kv::Action::Kind::move) demote(a);
+}
+
+ServeResult ServingSim::run() {
+  const std::size_t n = s_.requests.size();
+  reqs_.resize(n);
+  res_.per_request.resize(n);
+  res_.requests = n;
+  const std::vector<double> arrival_ms = spread_arrivals(s_.requests, s_.spread_ties);
+  for (std::size_t i = 0; i < n; ++i) {
+    Req& q = reqs_[i];
+    q.r = &s_.requests[i];
+    q.arrival = arrival_ms[i] / 1e3 / s_.rate_scale;
+    q.prompt = q.r->prompt_tokens();
+    q.output = std::max<std::uint32_t>(1, q.r->output_tokens);
+    res_.per_request[i].arrival_s = q.arrival;
+    res_.per_request[i].ttft_slo_s = std::max(
+        res_.slo.ttft_ms / 1e3, res_.slo.ttft_prefill_factor > 0
+                                    ? res_.slo.ttft_prefill_factor * prefill_seconds(s_, q.prompt)
+                                    : 0.0);
+  }
+  const double B = s_.block_tokens;
+  std::size_t next = 0;
+  now_ = n ? reqs_[0].arrival : 0;
+  last_spill_ = now_;
+  std::vector<std::pair<std::size_t, std::uint64_t>> batch;
+  while (!stopped_) {
+    while (next < n && reqs_[next].arrival <= now_) {
+      if (backlog_.empty())
+        submit(next);
+      else
+        backlog_.push_back(next);  // behind earlier refused requests
+      ++next;
+    }
+    spill();
+    // Note [Continuous batching]: decodes first, then prefill chunks.
+    Work w;
+    batch.clear();  // (request, prefill tokens taken; 0 = one decode token)
+    std::uint64_t budget = s_.max_batch_tokens;
+    double next_ready = std::numeric_limits<double>::infinity();
+    auto streamed = [&](const Req& q, double tokens) {  // DRAM KV under the first `tokens`
+      const auto blocks = static_cast<std::size_t>(std::ceil(tokens / B));
+      return q.host_prefix[std::min(q.host_prefix.size() - 1, blocks)];
+    };
+    for (std::size_t i : running_) {
+      const Req& q = reqs_[i];
+      if (!q.todo.empty() || batch.size() >= s_.max_running || budget == 0) continue;
+      const double ctx = double(q.prompt + q.generated - 1);
+      add_tokens(s_, w, ctx, 1, true);
+      w.host_kv_bytes += streamed(q, ctx + 1);
+      batch.push_back({i, 0});
+      --budget;
+    }
+    for (std::size_t i : running_) {
+      const Req& q = reqs_[i];
+      if (q.todo.empty() || budget == 0 || batch.size() >= s_.max_running) continue;
+      if (q.ready_at > now_) {
+        next_ready = std::min(next_ready, q.ready_at);
+        continue;
+      }
+      const auto [b, e] = q.todo.front();
+      const std::uint64_t take = std::min<std::uint64_t>(budget, e - b);
+      add_tokens(s_, w, double(b), double(take), q.todo.size() == 1 && b + take == e);
+      w.host_kv_bytes += streamed(q, double(b + take));
+      budget -= take;
+      batch.push_back({i, take});
+    }
+    if (batch.empty()) {
+      double t = next_ready;
+      if (next < n) t = std::min(t, reqs_[next].arrival);
+      if (!std::isfinite(t)) {
+        if (!running_.empty() || !backlog_.empty() || bm_.queue_length())
+          throw std::logic_error("serve: requests wait but nothing can run");
+        break;
+      }
+      now_ = std::max(now_, t);
+      continue;
+    }
+    // HBM-resident KV is read at HBM speed; DRAM-resident KV is streamed.
+    // Whole DRAM blocks against a per-token count: never below zero.
+    w.hbm_bytes = std::max(0.0, w.hbm_bytes - w.host_kv_bytes);
+    const double compute = iteration_compute_s(s_, w);
+    double end = now_ + compute;
+    if (w.host_kv_bytes > 0) {
+      const double fetched = links_[1].book(now_, w.host_kv_bytes);
+      end = std::max(end, fetched + compute / geo_.groups());
+    }
+    res_.busy_s += end - now_;
+    res_.kv_wait_s += std::max(0.0, end - now_ - compute);
+    ++res_.iterations;
+    if (s_.cards > 1) {
+      const double msg = w.tokens * s_.shape.d_model * 2.0;
+      res_.peer.bytes +=
+          static_cast<std::uint64_t>(2.0 * s_.shape.layers * 2.0 * msg * (s_.cards - 1) / s_.cards);
+      res_.peer.transfers += 4ull * s_.shape.layers * (s_.cards - 1);
+    }
+    now_ = end;
+    // Apply the iteration's progress, then retire finished requests.
+    std::vector<std::size_t> finished;
+    for (const auto& [i, take] : batch) {
+      Req& q = reqs_[i];
+      if (take == 0) {
+        if (++q.generated >= q.output) finished.push_back(i);
+        continue;
+      }
+      auto& front = q.todo.front();
+      front.first += take;
+      if (front.first == front.second) q.todo.erase(q.todo.begin());
+      if (q.todo.empty()) {  // prefill done: the first token
+        ServeRequestResult& r = res_.per_request[i];
+        r.first_token_s = now_;
+        q.generated = 1;
+        if (now_ - r.arrival_s > r.ttft_slo_s) {  // count it now: an earlier stop
+          q.missed = true;
+          miss();
+        }
+        if (q.generated >= q.output) finished.push_back(i);
+      }
+    }
+    for (std::size_t i : finished) {
+      running_.erase(std::find(running_.begin(), running_.end(), i));
+      finish(i);
+    }
+    if (next >= n && running_.empty() && backlog_.empty() && bm_.queue_length() == 0) break;
+  }
+  res_.stopped_early = stopped_;
+  // Summaries.
+  std::vector<double> ttft, tpot;
+  double first = n ? reqs_[0].arrival : 0, last_arrival = first, last_finish = first;
+  for (std::size_t i = 0; i < n; ++i) {
+    const ServeRequestResult& r = res_.per_request[i];
+    last_arrival = std::max(last_arrival, r.arrival_s);
+    if (r.finish_s < 0) continue;
+    last_finish = std::max(last_finish, r.finish_s);
+    ttft.push_back(1e3 * (r.first_token_s - r.arrival_s));
+    if (reqs_[i].output > 1)
+      tpot.push_back(1e3 * (r.finish_s - r.first_token_s) / (reqs_[i].output - 1));
+    res_.met += r.met;
+  }
+  res_.ttft_ms = Percentiles::of(std::move(ttft));
+  res_.tpot_ms = Percentiles::of(std::move(tpot));
+  res_.span_s = last_arrival - first;
+  res_.makespan_s = last_finish - first;
+  res_.met_fraction = n ? double(res_.met) / double(n) : 0;
+  // A one-instant trace has no span: its goodput is taken over the makespan.
+  const double span = res_.span_s > 0 ? res_.span_s : res_.makespan_s;
+  res_.goodput_rps = span > 0 ? double(res_.met) / span : 0;
+  res_.throughput_rps = res_.makespan_s > 0 ? double(res_.finished) / res_.makespan_s : 0;
+  res_.kv = bm_.stats();
+  res_.kv_hit_rate =
+      res_.kv.prompt_tokens ? double(res_.kv.hit_tokens) / double(res_.kv.prompt_tokens) : 0;
+  std::uint64_t recomputed = 0;
+  for (const auto& r : res_.per_request) recomputed += r.recomputed_tokens;
+  res_.recomputed_share = res_.kv.hit_tokens ? double(recomputed) / double(res_.kv.hit_tokens) : 0;
+  for (int t = 0; t < kv::kTiers; ++t) {
+    const kv::TierUse u = bm_.use(static_cast<Tier>(t));
+    res_.capacity_bytes[t] = u.capacity * geo_.slot_bytes();
+    res_.peak_bytes[t] = u.peak * geo_.slot_bytes();
+  }
+  res_.spilled_bytes = res_.kv.spilled_bytes;
+  res_.alerts = res_.kv.alerts;
+  return res_;
+}
+
+}  // namespace u3m::serve
+
+namespace u3m::experiments {
+
+ServeResult simulate_serving(const ServeScenario& s, std::uint64_t stop_after_misses) {
+  return serve::ServingSim(s, stop_after_misses).run();
+}
+
+}  // namespace u3m::experiments
