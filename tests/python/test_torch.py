@@ -115,8 +115,11 @@ class OffloadTest(unittest.TestCase):
             try:
                 off.close()
             except u3m.EngineError as e:
-                # A step that stopped midway still holds leases (or a parameter is lost).
-                self.assertIsNotNone(stopped, str(e))
+                # A step that stopped midway still holds leases, or a parameter's only SSD
+                # copy was hit after the last step (whether one is depends on when the
+                # background write-backs ran): then writing it back must say it is corrupt.
+                if stopped is None:
+                    self.assertRegex(str(e), "corrupt")
         self.assertGreater(st["ssd"]["faults_injected"]["misdirected_write"], 0)
         self.assertGreater(st["ssd"]["write_verify_failures"], 0)
         self.assertEqual(losses, ref_losses[:len(losses)])
