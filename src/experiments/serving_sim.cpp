@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "u3m/engine/transport.hpp"
 #include "u3m/kv/recompute.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/util/error.hpp"
@@ -65,8 +64,6 @@ namespace u3m::experiments {
 
 namespace {
 
-using engine::Link;
-using kv::Tier;
 constexpr int kKernelsPerLayer = 8;
 
 double per_token_linear_flops(const workload::ModelShape& m) {
@@ -138,6 +135,7 @@ double decode_step_seconds(const ServeScenario& s, std::uint64_t context_tokens)
 namespace u3m::serve {
 
 using namespace experiments;
+using kv::Tier;
 
 namespace {
 const ServeScenario& validated(const ServeScenario& s) {
