@@ -52,7 +52,7 @@ struct CheckSetup {
   // The real run writes and checks one 8-byte word per this many bytes
   // (drive::ReplayOptions::check_stride): a device would not spend host CPU
   // on checks, so they should fit inside the ops' compute (Note [Compute
-  // in replay] in src/engine/replay.cpp). 8 = every byte.
+  // in replay] in src/drive/replay.cpp). 8 = every byte.
   std::uint64_t check_stride = 512;
 };
 
@@ -94,7 +94,7 @@ struct CheckResult {
   std::uint64_t bytes_verified = 0;
   std::string first_error;  // from either side
   // Time the real replay added that a device would not (Note [Compute in
-  // replay] in src/engine/replay.cpp).
+  // replay] in src/drive/replay.cpp).
   double overrun_s = 0, oversleep_s = 0;
   double link_latency_s = 0;  // the simulated links' latency (measured unless given)
   // The decisions compared (Note [Driver calls] in policy/tiering.hpp): both
