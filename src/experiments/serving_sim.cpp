@@ -92,9 +92,9 @@ double iteration_compute_s(const ServeScenario& s, const Work& w) {
   double t = sim::op_cost(s.hw, w.flops / n, bytes / n).total_s +
              (kKernelsPerLayer * s.shape.layers - 1) * s.hw.device.launch_overhead.si;
   if (s.cards > 1) {
+    // Two all-reduces per layer (Note [Peer-link cost] in sim/cost.hpp).
     const double msg = w.tokens * s.shape.d_model * 2.0;
-    const auto& p = s.hw.peer_link;
-    t += 2.0 * s.shape.layers * 2.0 * (p.latency.si + msg / (n * p.bandwidth_practical.si));
+    t += 2.0 * s.shape.layers * sim::all_reduce_s(s.hw, msg, s.cards);
   }
   return t;
 }
