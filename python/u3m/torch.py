@@ -71,11 +71,13 @@ import bisect
 import contextlib
 import math
 import os
+import sys
 import tempfile
 import warnings
 from typing import Callable, Dict, List, Optional
 
 import torch
+import torch.utils.checkpoint
 
 from . import _core
 
@@ -194,10 +196,26 @@ def capture(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] =
 # ---------------------------------------------------------------------------------------------
 # Offload
 
+_DTF = torch._C.DisableTorchFunction
 
-def _nan_placeholder(t: torch.Tensor) -> torch.Tensor:
-    fill = math.nan if t.is_floating_point() else 0
-    return torch.full((1,), fill, dtype=t.dtype).expand(t.shape)
+
+_CHECKPOINT_FILE = torch.utils.checkpoint.__file__
+
+
+def _recompute_kind() -> str:
+    """Which torch.utils.checkpoint recomputes the forward running inside backward: the
+    nearest checkpoint frame is CheckpointFunction.backward ("reentrant") or the
+    non-reentrant saved-tensor hook ("hooked"; also any other caller)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename == _CHECKPOINT_FILE:
+            return "reentrant" if f.f_code.co_name == "backward" else "hooked"
+        f = f.f_back
+    return "hooked"
+
+
+class OffloadError(_core.EngineError):
+    """A managed tensor could not be served (it names the parameter); an EngineError."""
 
 
 def _storage_base(t: torch.Tensor) -> int:
@@ -211,34 +229,115 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
-_STATE_COUNT = {torch.optim.Adam: 2, torch.optim.AdamW: 2, torch.optim.SGD: 1}
-
-
-def _optimizer_state_tensors(opt: torch.optim.Optimizer, group: dict) -> int:
-    """Full-size state tensors per parameter (Adam: exp_avg, exp_avg_sq; SGD: momentum if used)."""
+# Full-size state tensors per parameter, by optimizer (the group's options add some).
+def _state_count(opt: torch.optim.Optimizer, group: dict) -> int:
     kind = type(opt)
-    if kind not in _STATE_COUNT:
-        raise ValueError(f"u3m.torch.offload: optimizer {kind.__name__} is not supported; it must update "
-                         f"each parameter on its own (Adam, AdamW, SGD are)")
+    if kind in (torch.optim.Adam, torch.optim.AdamW):
+        return 3 if group.get("amsgrad") else 2
     if kind is torch.optim.SGD:
         return 1 if group.get("momentum", 0) else 0
-    if group.get("foreach"):
-        raise ValueError("u3m.torch.offload: foreach=True optimizers update all parameters at once; "
-                         "use foreach=False (the CPU default)")
-    return 3 if group.get("amsgrad") else 2
+    if kind is torch.optim.Adagrad:
+        return 1
+    if kind is torch.optim.RMSprop:
+        return 1 + (1 if group.get("momentum", 0) else 0) + (1 if group.get("centered") else 0)
+    raise ValueError(f"u3m.torch.offload: optimizer {kind.__name__} is not supported; it must update "
+                     f"each parameter on its own (Adam, AdamW, SGD, Adagrad, RMSprop do)")
 
 
-class _Param:
-    __slots__ = ("p", "name", "pid", "gid", "nbytes", "placeholder", "state_ids", "lease")
+# Tensor attributes and methods that read metadata only: no fault-in (Note [Offload design], Guard).
+_NO_DATA = {getattr(torch.Tensor, n).__get__ for n in (
+    "shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "layout", "ndim", "names",
+    "is_sparse", "is_cuda", "is_quantized", "is_meta", "_version", "grad", "_backward_hooks",
+    "is_mkldnn", "is_nested", "output_nr", "_base")} | {
+    torch.Tensor.requires_grad.__set__, torch.Tensor._backward_hooks.__set__,
+    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.stride, torch.Tensor.numel,
+    torch.Tensor.nelement, torch.Tensor.element_size, torch.Tensor.is_contiguous,
+    torch.Tensor.storage_offset, torch.Tensor.is_floating_point, torch.Tensor.is_complex,
+    torch.Tensor.requires_grad_, torch.Tensor.register_hook, torch.Tensor.get_device,
+    torch.Tensor.__len__, torch.Tensor._is_view, torch.Tensor.retain_grad}
+_GRAD_SET = torch.Tensor.grad.__set__
+_DATA_SET = torch.Tensor.data.__set__
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                    "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                    "__ilshift__", "__irshift__"}
 
-    def __init__(self, p: torch.nn.Parameter, name: str):
-        self.p, self.name = p, name
-        self.pid = _core.stable_id(f"param.{name}")
-        self.gid = _core.stable_id(f"grad.{name}")
-        self.nbytes = p.numel() * p.element_size()
-        self.placeholder = _nan_placeholder(p.data)
-        self.state_ids: Dict[str, int] = {}
-        self.lease = None  # the forward's read lease while the owning module runs
+
+def _writes(func, kwargs) -> bool:
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS or \
+        kwargs.get("out") is not None
+
+
+def _slots_in(args, kwargs) -> list:
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                s = getattr(b, "_u3m_slot", None)
+                if s is not None:
+                    found.append(s)
+        else:
+            s = getattr(a, "_u3m_slot", None)
+            if s is not None:
+                found.append(s)
+    return found
+
+
+def _guard(cls, func, types, args=(), kwargs=None):
+    """__torch_function__ of every managed tensor (parameters, gradients, optimizer state)."""
+    kwargs = kwargs or {}
+    if func in _NO_DATA:
+        with _DTF():
+            return func(*args, **kwargs)
+    slots = _slots_in(args, kwargs)
+    if not slots:  # a managed tensor's class, but not managed now (after close)
+        with _DTF():
+            return func(*args, **kwargs)
+    return slots[0].off._call(func, args, kwargs, slots)
+
+
+class _Guarded(torch.Tensor):
+    """A gradient, an optimizer state tensor or a view of a managed tensor: uses are guarded."""
+    __torch_function__ = classmethod(_guard)
+
+
+_PARAM_CLASSES: Dict[type, type] = {}
+
+
+def _guarded_class(cls: type) -> type:
+    """The guarded twin of a parameter class (nn.Parameter or a subclass), made once."""
+    if cls not in _PARAM_CLASSES:
+        _PARAM_CLASSES[cls] = type(f"U3MOffloaded{cls.__name__}", (cls,),
+                                   {"__torch_function__": classmethod(_guard), "__module__": __name__})
+    return _PARAM_CLASSES[cls]
+
+
+class _Slot:
+    """One managed tensor: one engine tensor and one torch storage (Note [Offload design]).
+
+    `face` is what the program sees (the parameter itself, the `.grad`, the optimizer state
+    entry); `base` is a plain tensor on the same storage. Freed, the storage has zero bytes and
+    the shape lives on as metadata; gathered, it holds a copy of the engine bytes while a read
+    lease keeps them on the device."""
+    __slots__ = ("off", "tid", "name", "face", "base", "size", "stride", "span", "dtype", "nbytes",
+                 "lease", "holds", "ver", "dirty", "ptr")
+
+    def __init__(self, off: "Offload", tid: int, name: str, like: torch.Tensor, face_of=None):
+        self.off, self.tid, self.name = off, tid, name
+        self.size, self.stride, self.dtype = like.shape, like.stride(), like.dtype
+        self.span = _span(like)
+        self.nbytes = self.span * like.element_size()
+        self.base = torch.empty_strided(self.size, self.stride, dtype=self.dtype)
+        self.base.storage().resize_(0)
+        self.face = face_of if face_of is not None else self.base.as_subclass(_Guarded)
+        self.face._u3m_slot = self
+        self.lease, self.holds, self.ver, self.dirty, self.ptr = None, 0, 0, False, 0
+
+    def flat(self) -> torch.Tensor:
+        return self.base.as_strided((self.span,), (1,), 0)
+
+    def view(self, lease: "_core.Lease") -> torch.Tensor:
+        return _frombuffer(lease, self.dtype).as_strided(self.size, self.stride, 0)
 
 
 class _Saved:
@@ -253,12 +352,23 @@ class _Saved:
         self.off._drop(self.id)
 
 
-class _ParamRef:
-    """A saved view of a parameter: no copy, the parameter's engine tensor is read back."""
-    __slots__ = ("param", "size", "stride", "offset")
+class _Ref:
+    """A saved alias of a managed tensor: the alias itself (on the slot's one storage), no copy."""
+    __slots__ = ("slot", "t")
 
-    def __init__(self, param: _Param, t: torch.Tensor):
-        self.param, self.size, self.stride, self.offset = param, t.shape, t.stride(), t.storage_offset()
+    def __init__(self, slot: _Slot, t: torch.Tensor):
+        self.slot, self.t = slot, t
+
+
+class _Param:
+    __slots__ = ("p", "name", "cls", "w", "g", "state", "trainable", "in_opt")
+
+    def __init__(self, off: "Offload", p: torch.nn.Parameter, name: str, in_opt: bool):
+        self.p, self.name, self.cls, self.in_opt = p, name, type(p), in_opt
+        self.trainable = p.requires_grad
+        self.w = _Slot(off, _core.stable_id(f"param.{name}"), f"parameter {name!r}", p, face_of=p)
+        self.g = _Slot(off, _core.stable_id(f"grad.{name}"), f"gradient of {name!r}", p)
+        self.state: Dict[str, _Slot] = {}
 
 
 class _OrderPrefetcher:
@@ -305,45 +415,65 @@ class _OrderPrefetcher:
         self.cursor = self.issued = 0
 
 
+def size_policy(unit_bytes: int) -> Callable[[str, torch.nn.Module, int], bool]:
+    """The default unit policy: a module is a unit when the parameters of its subtree not yet in
+    a unit take at most `unit_bytes` (checked from the root down, as FSDP's size-based wrap)."""
+    return lambda path, module, subtree_bytes: subtree_bytes <= unit_bytes
+
+
+class _Unit:
+    __slots__ = ("path", "slots", "nbytes")
+
+    def __init__(self, path: str, slots: List[_Slot]):
+        self.path, self.slots = path, slots
+        self.nbytes = sum(s.nbytes for s in slots)
+
+
 class Offload:
     """Keeps a model's parameters, gradients and optimizer state (and saved activations) in u3m tiers.
 
     Attach with `offload(model, optimizer, budget_fraction=...)`; the training loop stays as it
-    was (optimizer.step and zero_grad are wrapped). Note [Offload design] explains how.
+    was (optimizer.step, zero_grad, state_dict and load_state_dict are wrapped). Note [Offload
+    design] explains how.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  budget_bytes: Optional[int] = None, budget_fraction: Optional[float] = None,
                  host_bytes: Optional[int] = None, lookahead_bytes: Optional[int] = None,
                  offload_activations: bool = True, ssd_dir: str = "", ssd_bytes: int = 0,
-                 ssd_faults: str = ""):
+                 ssd_faults: str = "", unit_policy: Optional[Callable] = None,
+                 unit_bytes: Optional[int] = None):
         if (budget_bytes is None) == (budget_fraction is None):
             raise ValueError("u3m.torch.offload: give exactly one of budget_bytes and budget_fraction")
         self.model, self.optimizer = model, optimizer
-        self.params: List[_Param] = []
-        by_tensor: Dict[int, _Param] = {}
-        names = {id(p): n for n, p in model.named_parameters()}
-        state_per_param = 0
+        in_opt: Dict[int, int] = {}  # id(param) -> full-size state tensors of its group
         for group in optimizer.param_groups:
-            state_per_param = max(state_per_param, _optimizer_state_tensors(optimizer, group))
+            k = _state_count(optimizer, group)
             for p in group["params"]:
-                if id(p) not in names:
-                    raise ValueError("u3m.torch.offload: the optimizer holds a parameter the model does not")
-                if id(p) not in by_tensor:
-                    by_tensor[id(p)] = _Param(p, names[id(p)])
-                    self.params.append(by_tensor[id(p)])
-        for n, p in model.named_parameters():
-            if id(p) not in by_tensor:
-                raise ValueError(f"u3m.torch.offload: parameter {n!r} is not in the optimizer")
-        self._by_tensor = by_tensor
-        param_bytes = sum(r.nbytes for r in self.params)
-        # params + grads + full-size optimizer state: what the issue's budget is a fraction of.
-        self.footprint_bytes = param_bytes * (2 + state_per_param)
+                in_opt[id(p)] = k
+        named = list(model.named_parameters())  # each parameter once, under its first name
+        names = {id(p) for _, p in named}
+        for pid in in_opt:
+            if pid not in names:
+                raise ValueError("u3m.torch.offload: the optimizer holds a parameter the model does not")
+        self._live: set = set()  # engine ids registered now
+        self._sizes: Dict[int, int] = {}
+        self.params: List[_Param] = []
+        self._by_tensor: Dict[int, _Param] = {}
+        for n, p in named:
+            if p.numel() == 0:
+                raise ValueError(f"u3m.torch.offload: parameter {n!r} is empty")
+            r = _Param(self, p, n, id(p) in in_opt)
+            self.params.append(r)
+            self._by_tensor[id(p)] = r
+        # params + grads (trainable ones) + full-size optimizer state: what the budget is a fraction of.
+        per = [r.w.nbytes * (1 + r.trainable + in_opt.get(id(r.p), 0)) for r in self.params]
+        self.footprint_bytes = sum(per)
         if budget_fraction is not None:
             if not 0 < budget_fraction <= 1:
                 raise ValueError(f"u3m.torch.offload: budget_fraction must be in (0, 1], got {budget_fraction}")
             budget_bytes = int(budget_fraction * self.footprint_bytes)
-        largest = max(r.nbytes for r in self.params) * (2 + state_per_param)
+        largest = max(per)
         if budget_bytes < largest:
             # The optimizer step of the largest parameter holds all of its tensors at once.
             raise ValueError(f"u3m.torch.offload: budget {budget_bytes} bytes is below the "
@@ -352,44 +482,94 @@ class Offload:
         self.rt = _core.Runtime(budget_bytes, host_bytes or max(8 * self.footprint_bytes, 256 << 20),
                                 ssd_dir, ssd_bytes, ssd_faults=ssd_faults)
         self.offload_activations = offload_activations
-        self._sizes: Dict[int, int] = {}
-        self._live: set = set()  # engine ids registered now
         self._deferred: List[int] = []  # removals that found the tensor busy
-        self._leased_params: Dict[int, _Param] = {}  # storage address -> parameter, while leased
+        self._gathered: Dict[int, _Slot] = {}  # storage address -> slot, while gathered
+        self._loose: Dict[_Slot, None] = {}  # faulted in outside a unit, oldest first
+        self._loose_bytes = 0
+        self._loose_cap = max(budget_bytes // 4, max(r.w.nbytes for r in self.params))
+        self._bwd: Dict[_Slot, None] = {}  # unpacked in backward: freed at the next node boundary
+        self._bwd_end: Dict[_Slot, None] = {}  # gathered by a forward run inside backward
+        self._cb_queued = False
         self._act_n = 0  # saved tensors packed in this forward
+        self._pushed: List[bool] = []  # per active unit: did it push the saved-tensor hooks
+        self._units_held: List[Optional[_Unit]] = []  # per active unit call
         self._hooks_pushed = False
         self.prefetcher = _OrderPrefetcher(self.rt, lookahead_bytes or budget_bytes // 4, self._sizes,
                                            self._live)
         self.steps = 0
         self.saved_bytes = 0  # activation bytes copied into the engine
+        self.faults = 0  # gathers of a tensor used outside its unit
         self._keep = {_storage_base(b) for b in model.buffers()}  # saved as is (not managed)
 
-        for r in self.params:
-            self._register(r.pid, r.nbytes)
-            lease = self.rt.acquire(r.pid, "device", "write")
-            self._view(lease, r.p).copy_(r.p.data)
-            self.rt.release(lease)
-            r.p.data = r.placeholder
+        accs = {}  # AccumulateGrad nodes, found while the parameters still have their bytes
+        with _DTF():
+            for r in self.params:
+                if r.trainable:
+                    accs[id(r.p)] = r.p.expand_as(r.p).grad_fn.next_functions[0][0]
+                self._register(r.w.tid, r.w.nbytes)
+                lease = self.rt.acquire(r.w.tid, "device", "write")
+                r.w.view(lease).copy_(r.p.data)
+                self.rt.release(lease)
+                r.p.data = r.w.base  # the parameter's one storage, now zero bytes
+                r.p.__class__ = _guarded_class(r.cls)
+                r.p._u3m_slot = r.w
+        self.units = self._make_units(unit_policy or size_policy(unit_bytes or max(budget_bytes // 4, 1)))
         self._handles = []
         self._grad_accs = []  # the AccumulateGrad nodes must stay alive for their hooks
+        unit_of = {u.path: u for u in self.units}
         for path, mod in model.named_modules():
-            own = [by_tensor[id(p)] for p in mod.parameters(recurse=False)]
-            if own:
-                self._handles.append(mod.register_forward_pre_hook(self._make_pre(own)))
-                self._handles.append(mod.register_forward_hook(self._make_post(own)))
-        self._handles.append(model.register_forward_pre_hook(self._root_pre))
-        self._handles.append(model.register_forward_hook(self._root_post))
-        for r in self.params:
-            if r.p.requires_grad:
-                acc = r.p.expand_as(r.p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_grad_hook(r))
-                self._grad_accs.append(acc)
-        self._orig_step, self._orig_zero = optimizer.step, optimizer.zero_grad
+            if path in unit_of:
+                self._handles.append(mod.register_forward_pre_hook(self._make_pre(unit_of[path], path == "")))
+                self._handles.append(mod.register_forward_hook(self._make_post()))
+        if "" not in unit_of:
+            self._handles.append(model.register_forward_pre_hook(self._make_pre(None, True)))
+            self._handles.append(model.register_forward_hook(self._make_post()))
+        self._handles.append(model._register_state_dict_hook(self._state_dict_hook))
+        with _DTF():
+            for r in self.params:
+                if r.trainable:
+                    self._handles.append(r.p.register_hook(self._make_grad_pre(r)))
+                    acc = accs[id(r.p)]
+                    self._handles.append(acc.register_hook(self._make_grad_post(r)))
+                    self._grad_accs.append(acc)
+        self._orig = {k: getattr(optimizer, k) for k in ("step", "zero_grad", "state_dict", "load_state_dict")}
         optimizer.step = self._step
         optimizer.zero_grad = self._zero_grad
+        optimizer.state_dict = self._opt_state_dict
+        optimizer.load_state_dict = self._opt_load_state_dict
+
+    def _make_units(self, policy: Callable) -> List[_Unit]:
+        """Units from the root down: the first module the policy accepts takes every parameter
+        of its subtree not already in a unit; a module it refuses keeps only its own."""
+        seen: set = set()
+        units: List[_Unit] = []
+
+        def free_params(mod, recurse):
+            return [self._by_tensor[id(p)] for p in mod.parameters(recurse=recurse) if id(p) not in seen]
+
+        def visit(path, mod):
+            sub = free_params(mod, True)
+            if not sub:
+                return
+            if policy(path, mod, sum(r.w.nbytes for r in sub)):
+                take = sub
+            else:
+                take = free_params(mod, False)
+                for name, child in mod.named_children():
+                    visit(f"{path}.{name}" if path else name, child)
+                take = [r for r in take if id(r.p) not in seen]
+            if take:
+                seen.update(id(r.p) for r in take)
+                units.append(_Unit(path, [r.w for r in take]))
+
+        visit("", self.model)
+        return units
 
     # ---------------------------------------------------------------- engine helpers
     def _register(self, tid: int, nbytes: int) -> None:
+        if tid in self._deferred:  # its earlier life is still being removed: let that finish
+            self.rt.drain()
+            self._retry_drops()
         self.rt.add(tid, nbytes)
         self._sizes[tid] = nbytes
         self._live.add(tid)
@@ -409,159 +589,414 @@ class Offload:
         self.prefetcher.on_acquire(tid)
         return lease if lease is not None else self.rt.acquire(tid, "device", access)
 
-    @staticmethod
-    def _view(lease: "_core.Lease", like: torch.Tensor) -> torch.Tensor:
-        return _frombuffer(lease, like.dtype).view(like.shape)
+    def _acquire_named(self, s: _Slot, access: str) -> "_core.Lease":
+        try:
+            return self._acquire(s.tid, access)
+        except _core.EngineError as e:
+            raise OffloadError(f"u3m.torch.offload: cannot bring the {s.name} ({s.nbytes} bytes) onto "
+                               f"the device (budget {self.budget_bytes} bytes): {e}") from e
+
+    # ---------------------------------------------------------------- gather and free
+    def _hold(self, s: _Slot) -> None:
+        """One more holder of s; the first one copies the engine bytes into its storage."""
+        if s.lease is None:
+            if s.tid not in self._live:
+                raise OffloadError(f"u3m.torch.offload: the {s.name} has no data (freed or never written)")
+            lease = self._acquire_named(s, "read")
+            s.base.storage().resize_(s.span)
+            s.flat().copy_(_frombuffer(lease, s.dtype))
+            s.lease, s.ptr, s.dirty = lease, s.base.data_ptr(), False
+            s.ver = s.face._version
+            self._gathered[s.ptr] = s
+        s.holds += 1
+
+    def _unhold(self, s: _Slot) -> None:
+        s.holds -= 1
+        if s.holds:
+            return
+        lease, s.lease = s.lease, None
+        del self._gathered[s.ptr]
+        self.rt.release(lease)
+        if s.dirty or s.face._version != s.ver:  # written while gathered: back into the engine
+            w = self._acquire_named(s, "write")
+            _frombuffer(w, s.dtype).copy_(s.flat())
+            self.rt.release(w)
+        s.base.storage().resize_(0)
+
+    def _hold_in(self, group: Dict[_Slot, None], s: _Slot) -> None:
+        if s not in group:
+            self._hold(s)
+            group[s] = None
+
+    def _flush(self, group: Dict[_Slot, None]) -> None:
+        while group:
+            s = next(iter(group))
+            del group[s]
+            if group is self._loose:
+                self._loose_bytes -= s.nbytes
+            self._unhold(s)
+
+    def _in_backward(self) -> bool:
+        """True inside a backward pass (then the end-of-backward callback is queued)."""
+        if self._cb_queued:
+            return True
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        except RuntimeError:
+            return False
+        self._cb_queued = True
+        return True
+
+    def _end_backward(self) -> None:
+        self._cb_queued = False
+        with _DTF():
+            self._flush(self._bwd)
+            self._flush(self._bwd_end)
+
+    def _fault(self, s: _Slot) -> None:
+        """A managed tensor used outside its unit: gathered now, freed at the next boundary."""
+        self.faults += 1
+        if torch.is_grad_enabled() and self._in_backward():
+            self._hold_in(self._bwd_end, s)  # a recompute's raw saves may alias it
+            return
+        if s in self._loose:
+            return
+        while self._loose and self._loose_bytes + s.nbytes > self._loose_cap:
+            old = next(iter(self._loose))  # oldest first: every alias of it is guarded or a _Ref
+            del self._loose[old]
+            self._loose_bytes -= old.nbytes
+            self._unhold(old)
+        self._hold_in(self._loose, s)
+        self._loose_bytes += s.nbytes
+
+    @contextlib.contextmanager
+    def gathered(self, tensors, write: bool = False):
+        """Managed tensors (parameters, their .grad, optimizer state) materialised for the block,
+        as DeepSpeed's GatheredParameters; what the block writes goes back into the engine."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        slots = []
+        with _DTF():
+            for t in tensors:
+                s = getattr(t, "_u3m_slot", None)
+                if s is None or s.off is not self:
+                    raise ValueError("u3m.torch.offload: gathered() takes tensors this offload manages")
+                self._hold(s)
+                slots.append(s)
+        try:
+            yield
+        finally:
+            with _DTF():
+                for s in slots:
+                    s.dirty |= write
+                    self._unhold(s)
+
+    # ---------------------------------------------------------------- the guard
+    def _call(self, func, args, kwargs, slots):
+        with _DTF():
+            if func is _GRAD_SET:
+                return self._set_grad(args[0], args[1])
+            if func is _DATA_SET:
+                raise OffloadError(f"u3m.torch.offload: assigning .data of the {slots[0].name} is not "
+                                   f"supported while offload is attached; use load_state_dict or copy_")
+            write = _writes(func, kwargs)
+            for s in slots:
+                if s.lease is None:
+                    self._fault(s)
+                s.dirty |= write
+            push = torch.is_grad_enabled() and not self._hooks_pushed and not self._in_backward()
+            if push:  # autograd must save aliases of managed storage as references
+                self._push_hooks()
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                if push:
+                    self._pop_hooks()
+            return self._guard_aliases(out)
+
+    def _guard_aliases(self, out):
+        """An output that aliases a managed storage is returned guarded, so a later use of it
+        is faulted in as well."""
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._guard_aliases(o) for o in out)
+        if isinstance(out, torch.Tensor) and getattr(out, "_u3m_slot", None) is None and out.numel():
+            s = self._gathered.get(_storage_base(out))
+            if s is not None:
+                out = out.as_subclass(_Guarded)
+                out._u3m_slot = s
+        return out
+
+    def _set_grad(self, p, value):
+        r = self._by_tensor.get(id(p))
+        if r is None:  # a guarded view's .grad
+            p.grad = value
+            return
+        if value is None:
+            if r.g.tid in self._live:
+                self._drop_grad(r)
+            p.grad = None
+            return
+        if getattr(value, "_u3m_slot", None) is r.g:
+            p.grad = value
+            return
+        self._store_grad(r, value, add=False)
 
     # ---------------------------------------------------------------- forward
-    def _make_pre(self, own: List[_Param]):
+    def _push_hooks(self) -> None:
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        self._hooks_pushed = True
+
+    def _pop_hooks(self) -> None:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        self._hooks_pushed = False
+
+    def _unwind(self) -> None:
+        """What a forward that raised left behind: its units' holds and its pushed hooks."""
+        while self._pushed:  # first, so that nothing below can leave them on the stack
+            if self._pushed.pop():
+                try:
+                    self._pop_hooks()
+                except RuntimeError:  # pushed inside a backward node: autograd restored its TLS
+                    self._hooks_pushed = False
+        units, self._units_held = self._units_held, []
+        for unit in units:
+            for s in unit.slots if unit is not None else ():
+                self._unhold(s)
+
+    def _make_pre(self, unit: Optional[_Unit], root: bool):
         def pre(mod, inputs):
-            for r in own:
-                if r.lease is None:  # a module called re-entrantly keeps its first leases
-                    r.lease = self._acquire(r.pid, "read")
-                    r.p.data = self._view(r.lease, r.placeholder)
-                    self._leased_params[r.lease.address] = r
+            with _DTF():
+                in_bwd = torch.is_grad_enabled() and self._in_backward()
+                if root and self._units_held and not in_bwd:
+                    self._unwind()  # the root is entered afresh: an earlier forward raised
+                if not self._pushed:  # the outermost unit: a new forward
+                    self._flush(self._loose)
+                    self._retry_drops()
+                    if not in_bwd:
+                        self._act_n = 0
+                # A recompute inside backward (checkpointing) may save through our hooks only
+                # when no one else's are on top: reentrant checkpoint's are not, the
+                # non-reentrant one's are (Note [Offload design], Checkpointing).
+                raw = in_bwd and _recompute_kind() != "reentrant"
+                push = torch.is_grad_enabled() and not self._hooks_pushed and not raw
+                if push:
+                    self._push_hooks()
+                self._pushed.append(push)
+                if unit is not None:
+                    for s in unit.slots:
+                        self._hold(s)
+                        if raw:  # autograd keeps raw aliases of these until backward ends
+                            self._hold_in(self._bwd_end, s)
+                self._units_held.append(unit)
         return pre
 
-    def _make_post(self, own: List[_Param]):
+    def _make_post(self):
         def post(mod, inputs, output):
-            for r in own:
-                if r.lease is not None:
-                    r.p.data = r.placeholder
-                    del self._leased_params[r.lease.address]
-                    self.rt.release(r.lease)
-                    r.lease = None
+            with _DTF():
+                unit = self._units_held.pop()
+                if unit is not None:
+                    for s in unit.slots:
+                        self._unhold(s)
+                if self._pushed.pop():
+                    self._pop_hooks()
         return post
-
-    def _root_pre(self, mod, inputs):
-        self._retry_drops()
-        self._act_n = 0
-        if torch.is_grad_enabled() and not self._hooks_pushed:
-            torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
-            self._hooks_pushed = True
-
-    def _root_post(self, mod, inputs, output):
-        if self._hooks_pushed:
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-            self._hooks_pushed = False
 
     # ---------------------------------------------------------------- saved tensors
     def _pack(self, t: torch.Tensor):
-        base = _storage_base(t)
-        r = self._leased_params.get(base)
-        if r is not None:
-            return _ParamRef(r, t)
-        span = _span(t)
-        if not self.offload_activations or span == 0 or base in self._keep:
-            return t
-        # A stable name per step (the n-th saved tensor), so prefetch can find it next step.
-        name, k = f"act.{self._act_n}", 0
-        self._act_n += 1
-        tid = _core.stable_id(name)
-        while tid in self._live:  # still held by an earlier step's graph
-            k += 1
-            tid = _core.stable_id(f"{name}~{k}")
-        nbytes = span * t.element_size()
-        self._register(tid, nbytes)
-        lease = self._acquire(tid, "write")
-        flat = t.detach().as_strided((span,), (1,), t.storage_offset())  # no autograd for the copy
-        _frombuffer(lease, t.dtype).copy_(flat)
-        self.rt.release(lease)
-        self.saved_bytes += nbytes
-        return _Saved(self, tid, t, span)
+        with _DTF():
+            base = _storage_base(t)
+            s = self._gathered.get(base)
+            if s is not None:
+                return _Ref(s, t)
+            span = _span(t)
+            if not self.offload_activations or span == 0 or base in self._keep:
+                return t
+            if base == 0:
+                raise OffloadError("u3m.torch.offload: autograd saved a tensor whose storage is freed")
+            # A stable name per step (the n-th saved tensor), so prefetch can find it next step.
+            name, k = f"act.{self._act_n}", 0
+            self._act_n += 1
+            tid = _core.stable_id(name)
+            while tid in self._live:  # still held by an earlier step's graph
+                k += 1
+                tid = _core.stable_id(f"{name}~{k}")
+            nbytes = span * t.element_size()
+            self._register(tid, nbytes)
+            lease = self._acquire(tid, "write")
+            flat = t.detach().as_strided((span,), (1,), t.storage_offset())  # no autograd for the copy
+            _frombuffer(lease, t.dtype).copy_(flat)
+            self.rt.release(lease)
+            self.saved_bytes += nbytes
+            return _Saved(self, tid, t, span)
 
     def _unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        if isinstance(packed, _ParamRef):
-            r = packed.param
-            lease = self._acquire(r.pid, "read")
-            src = self._view(lease, r.placeholder).as_strided(packed.size, packed.stride, packed.offset)
-            out = torch.empty_strided(packed.size, packed.stride, dtype=src.dtype)
-            out.copy_(src)
+        with _DTF():
+            if isinstance(packed, _Ref):
+                # Gathered until the next node boundary: the node that unpacks it is running now.
+                self._hold_in(self._bwd if self._in_backward() else self._loose, packed.slot)
+                return packed.t
+            lease = self._acquire(packed.id, "read")
+            out = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype)
+            out.as_strided((packed.span,), (1,), 0).copy_(_frombuffer(lease, packed.dtype))
             self.rt.release(lease)
             return out
-        lease = self._acquire(packed.id, "read")
-        out = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype)
-        out.as_strided((packed.span,), (1,), 0).copy_(_frombuffer(lease, packed.dtype))
-        self.rt.release(lease)
-        return out
 
     # ---------------------------------------------------------------- gradients
-    def _make_grad_hook(self, r: _Param):
+    def _store_grad(self, r: _Param, g: torch.Tensor, add: bool) -> None:
+        if r.g.lease is not None:
+            raise OffloadError(f"u3m.torch.offload: the {r.g.name} is gathered while a new one arrives")
+        if add and r.g.tid in self._live:  # gradient accumulation: add, as autograd would
+            lease = self._acquire_named(r.g, "write")
+            r.g.view(lease).add_(g)
+        else:
+            if r.g.tid not in self._live:
+                self._register(r.g.tid, r.g.nbytes)
+            lease = self._acquire_named(r.g, "write")
+            r.g.view(lease).copy_(g)
+        self.rt.release(lease)
+        r.p.grad = r.g.face
+
+    def _drop_grad(self, r: _Param) -> None:
+        if r.g.lease is not None:
+            raise OffloadError(f"u3m.torch.offload: the {r.g.name} is freed while gathered")
+        self._drop(r.g.tid)
+
+    def _make_grad_pre(self, r: _Param):
+        def pre(grad):
+            # AccumulateGrad must not add into the zero-byte face: it gets no .grad, and the
+            # post hook adds the new gradient to the engine's copy instead.
+            with _DTF():
+                if r.p.grad is not None:
+                    r.p.grad = None
+        return pre
+
+    def _make_grad_post(self, r: _Param):
         def hook(grad_inputs, grad_outputs):
-            g = r.p.grad
-            if g is None:
-                return
-            if r.gid in self._live:  # gradient accumulation: add, as autograd would
-                lease = self._acquire(r.gid, "write")
-                self._view(lease, r.placeholder).add_(g)
-            else:
-                self._register(r.gid, r.nbytes)
-                lease = self._acquire(r.gid, "write")
-                self._view(lease, r.placeholder).copy_(g)
-            self.rt.release(lease)
-            r.p.grad = None
+            with _DTF():
+                self._flush(self._bwd)  # a node boundary: every earlier node has finished
+                g = r.p.grad
+                if g is not None:
+                    self._store_grad(r, g, add=True)
         return hook
+
+    def _zero_grad(self, set_to_none: bool = False):
+        with _DTF():
+            self._flush(self._loose)
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    r = self._by_tensor[id(p)]
+                    if r.g.tid not in self._live:
+                        continue
+                    if set_to_none:
+                        self._drop_grad(r)
+                        p.grad = None
+                    else:
+                        lease = self._acquire_named(r.g, "write")
+                        r.g.view(lease).zero_()
+                        self.rt.release(lease)
 
     # ---------------------------------------------------------------- optimizer
     def _step(self, closure: Optional[Callable] = None):
         if closure is not None:
             raise ValueError("u3m.torch.offload: optimizer.step(closure) is not supported")
-        groups = self.optimizer.param_groups
-        saved = [g["params"] for g in groups]
-        try:
-            for gi, group in enumerate(saved):
-                for p in group:
-                    r = self._by_tensor[id(p)]
-                    if r.gid not in self._live:
-                        continue  # no gradient this step: the optimizer would skip it too
-                    for g in groups:
-                        g["params"] = []
-                    groups[gi]["params"] = [p]
-                    self._step_one(r)
-        finally:
-            for g, ps in zip(groups, saved):
-                g["params"] = ps
+        with _DTF():
+            self._flush(self._loose)
+            groups = self.optimizer.param_groups
+            saved = [g["params"] for g in groups]
+            try:
+                for gi, group in enumerate(saved):
+                    for p in group:
+                        r = self._by_tensor[id(p)]
+                        if r.g.tid not in self._live:
+                            continue  # no gradient: the optimizer would skip it too
+                        for g in groups:
+                            g["params"] = []
+                        groups[gi]["params"] = [p]
+                        self._step_one(r)
+            finally:
+                for g, ps in zip(groups, saved):
+                    g["params"] = ps
         self.steps += 1
         self.prefetcher.end_step()
         self._retry_drops()
 
     def _step_one(self, r: _Param) -> None:
+        """The original step for one parameter, on its leased bytes (no copy)."""
+        if r.w.lease is not None or r.g.lease is not None:
+            raise OffloadError(f"u3m.torch.offload: optimizer step while the {r.w.name} is gathered")
         state = self.optimizer.state[r.p]
-        leases = [self._acquire(r.pid, "write"), self._acquire(r.gid, "read")]
-        r.p.data = self._view(leases[0], r.placeholder)
-        r.p.grad = self._view(leases[1], r.placeholder)
-        for key, sid in r.state_ids.items():
-            lease = self._acquire(sid, "write")
-            leases.append(lease)
-            state[key] = self._view(lease, r.placeholder)
+        leases = [self._acquire_named(r.w, "write"), self._acquire_named(r.g, "read")]
+        r.p.data = r.w.view(leases[0])
+        r.p.grad = r.g.view(leases[1])
+        for key, s in r.state.items():
+            leases.append(self._acquire_named(s, "write"))
+            state[key] = s.view(leases[-1])
         try:
-            self._orig_step()
+            self._orig["step"]()
         finally:
-            # State the optimizer just created (its first step) moves into the engine.
-            for key, val in list(state.items()):
-                if key not in r.state_ids and key != "step" and isinstance(val, torch.Tensor) \
-                        and val.shape == r.p.shape:
-                    sid = _core.stable_id(f"optim.{r.name}.{key}")
-                    self._register(sid, r.nbytes)
-                    lease = self._acquire(sid, "write")
-                    self._view(lease, r.placeholder).copy_(val)
-                    self.rt.release(lease)
-                    r.state_ids[key] = sid
-            for key in r.state_ids:
-                state[key] = r.placeholder
-            r.p.grad = None
-            r.p.data = r.placeholder
+            self._adopt_state(r, state)
+            r.p.grad = r.g.face
+            r.p.data = r.w.base
             for lease in leases:
                 self.rt.release(lease)
-            self._drop(r.gid)  # gradients die after the step (zero_grad(set_to_none))
 
-    def _zero_grad(self, set_to_none: bool = True):
-        for r in self.params:
-            if r.gid in self._live:
-                self._drop(r.gid)
-        self._orig_zero(set_to_none=set_to_none)
+    def _adopt_state(self, r: _Param, state: dict) -> None:
+        """Full-size state tensors the optimizer created (or a load put there) move into the
+        engine; every managed entry points back at its face."""
+        for key, val in list(state.items()):
+            if key in r.state or not isinstance(val, torch.Tensor) or val.shape != r.p.shape:
+                continue
+            s = _Slot(self, _core.stable_id(f"optim.{r.name}.{key}"), f"optimizer state {key!r} of "
+                      f"{r.name!r}", val)
+            self._register(s.tid, s.nbytes)
+            lease = self._acquire_named(s, "write")
+            s.view(lease).copy_(val)
+            self.rt.release(lease)
+            r.state[key] = s
+        for key, s in r.state.items():
+            state[key] = s.face
+
+    # ---------------------------------------------------------------- checkpoints
+    def _materialise(self, t: torch.Tensor) -> torch.Tensor:
+        s = getattr(t, "_u3m_slot", None)
+        if s is None or s.off is not self:
+            return t
+        with _DTF():
+            self._hold(s)
+            try:
+                out = t.as_subclass(torch.Tensor).clone()
+            finally:
+                self._unhold(s)
+        return out
+
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        for k, v in state_dict.items():
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter):
+                state_dict[k] = self._materialise(v)
+
+    def _opt_state_dict(self) -> dict:
+        with _DTF():
+            sd = self._orig["state_dict"]()
+        sd["state"] = {k: {n: self._materialise(v) if isinstance(v, torch.Tensor) else v
+                           for n, v in st.items()} for k, st in sd["state"].items()}
+        return sd
+
+    def _opt_load_state_dict(self, state_dict: dict) -> None:
+        with _DTF():
+            self._orig["load_state_dict"](state_dict)
+            for r in self.params:
+                state = self.optimizer.state.get(r.p)
+                if not state:
+                    continue
+                for key, s in r.state.items():
+                    val = state.get(key)
+                    if isinstance(val, torch.Tensor) and val.shape == r.p.shape:
+                        lease = self._acquire_named(s, "write")
+                        s.view(lease).copy_(val)
+                        self.rt.release(lease)
+                self._adopt_state(r, state)
 
     # ---------------------------------------------------------------- results
     def stats(self) -> dict:
@@ -572,27 +1007,59 @@ class Offload:
                 "prefetches": s["prefetches"], "prefetch_hits": s["prefetch_hits"],
                 "misses": s["misses"], "acquires": s["acquires"], "stall_s": s["stall_s"],
                 "saved_activation_bytes": self.saved_bytes, "order_divergences": self.prefetcher.diverged,
-                "engine": s}
+                "faults": self.faults, "units": len(self.units), "engine": s}
 
     def close(self) -> None:
-        """Puts parameters and optimizer state back into plain tensors and detaches every hook."""
+        """Puts parameters, gradients and optimizer state back into plain tensors and detaches
+        every hook. A tensor the engine lost (an SSD copy that failed for good) raises the
+        EngineError after everything else is restored; its parameter stays guarded, so a use
+        raises again, naming it, instead of reading freed storage."""
         if self._handles is None:
             return
-        self.rt.drain()
-        for h in self._handles:
-            h.remove()
-        self._handles = None
-        self._grad_accs = []
-        self.optimizer.step, self.optimizer.zero_grad = self._orig_step, self._orig_zero
-        for r in self.params:
-            lease = self.rt.acquire(r.pid, "device", "read")
-            r.p.data = self._view(lease, r.placeholder).clone()
-            self.rt.release(lease)
-            state = self.optimizer.state[r.p]
-            for key, sid in r.state_ids.items():
-                lease = self.rt.acquire(sid, "device", "read")
-                state[key] = self._view(lease, r.placeholder).clone()
+        errors = []
+        with _DTF():
+            handles, self._handles = self._handles, None
+            for h in handles:
+                h.remove()
+            self._grad_accs = []
+            for k, f in self._orig.items():
+                setattr(self.optimizer, k, f)
+            for group in (self._loose, self._bwd, self._bwd_end):
+                group.clear()
+            for s in [s for u in self._units_held if u is not None for s in u.slots]:
+                s.holds = max(s.holds - 1, 0)
+            self._units_held = []
+            self._unwind()
+            for s in list(self._gathered.values()):  # any other holder left behind
+                s.holds = 1
+                try:
+                    self._unhold(s)
+                except _core.EngineError as e:
+                    errors.append(e)
+            self.rt.drain()
+
+            def back(s: _Slot) -> torch.Tensor:
+                lease = self.rt.acquire(s.tid, "device", "read")
+                out = s.view(lease).clone()
                 self.rt.release(lease)
+                return out
+
+            for r in self.params:
+                try:
+                    data = back(r.w)
+                    grad = back(r.g) if r.g.tid in self._live else None
+                    state = {key: back(s) for key, s in r.state.items()}
+                except _core.EngineError as e:
+                    errors.append(e)
+                    continue
+                r.p.__class__ = r.cls
+                del r.p._u3m_slot
+                r.p.data = data
+                r.p.grad = grad
+                if r.p in self.optimizer.state:
+                    self.optimizer.state[r.p].update(state)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> "Offload":
         return self
@@ -604,4 +1071,3 @@ class Offload:
 def offload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **kw) -> Offload:
     """Attaches u3m to a model and its optimizer (see Offload and Note [Offload design])."""
     return Offload(model, optimizer, **kw)
-

@@ -189,12 +189,15 @@ class OffloadTest(unittest.TestCase):
         self.assertEqual(got, ref)
         self.assertLessEqual(peak, off.budget_bytes)
 
-    def test_a_parameter_outside_its_modules_forward_is_nan_not_stale(self):
+    def test_a_parameter_outside_its_modules_forward_is_faulted_in_not_stale(self):
+        # Issue 16: a use outside the parameter's unit is caught and served its real bytes
+        # (it used to read a NaN placeholder).
         model, opt, _ = make_run()
+        want = model.lm_head.weight.detach().clone()
         off = ut.offload(model, opt, budget_fraction=0.5)
-        self.assertTrue(torch.isnan(model.lm_head.weight).all())
+        self.assertTrue(torch.equal(model.lm_head.weight, want))
         off.close()
-        self.assertFalse(torch.isnan(model.lm_head.weight).any())
+        self.assertTrue(torch.equal(model.lm_head.weight, want))
 
     def test_bad_budgets_are_refused_with_the_reason(self):
         model, opt, _ = make_run()
