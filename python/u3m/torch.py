@@ -21,49 +21,72 @@
 Note [Offload design]
 The device tier is the engine's emulated device (a capacity-limited arena in
 host memory; a real device later) with a budget in bytes. What lives in u3m:
-every parameter, its gradient and its optimizer state (one engine tensor each),
-and the activations autograd saves for backward. Between uses a parameter's
-`.data` is a placeholder of the right shape (a NaN broadcast, so a use outside
-the hooks shows up as NaN rather than as stale numbers); the bytes are only in
-the engine, which moves them between device, host and SSD under pressure.
+every parameter (trainable or frozen), its gradient and its optimizer state
+(one engine tensor each), and the activations autograd saves for backward.
 
-- Forward: a pre-hook on every module that owns parameters acquires them on the
-  device (read leases) and points `.data` at the leased bytes
-  (torch.frombuffer, no copy), so the module computes on device-tier memory;
-  the post-hook releases the leases and restores the placeholders.
-- Saved tensors (torch.autograd.graph.saved_tensors_hooks, pushed around the
-  root module's forward): a saved view of a parameter is packed as a reference
-  (parameter, size, stride, offset), not a copy; any other saved tensor (an
-  activation) is copied into a new engine tensor (the strided span it covers,
-  so its exact layout comes back) and the autograd graph keeps only a handle.
-  Unpacking in backward acquires the engine tensor on the device and copies it
-  into a fresh tensor, released at once: a lease cannot outlive the hook,
-  since nothing tells us when autograd is done with the tensor. The handle's
-  death (the graph is freed) removes the engine tensor.
-- Gradients: a hook on each parameter's AccumulateGrad node (run after
-  `.grad` is set) copies the gradient into the parameter's engine gradient
-  tensor (adding, under gradient accumulation, as autograd would) and drops
-  `.grad`.
-- Optimizer: `optimizer.step` is replaced by a per-parameter loop: acquire the
-  parameter (write), its gradient (read) and its state (write), point the
-  optimizer at the leased bytes, run the original step for that one
-  parameter, release. Adam, AdamW and SGD update each parameter on its own
-  (torch 1.13 runs them per tensor on CPU by default), so the ops and bytes
-  are those of the untiered run: the losses are bitwise equal on CPU. State
-  the optimizer creates lazily (the first step) is moved into the engine after
-  that step. Gradients die after the step (as with zero_grad(set_to_none)).
+- One storage per tensor (FSDP's scheme). Each managed tensor keeps one torch
+  storage for its life: the parameter object itself (its `.data` points at it),
+  its `.grad` and each full-size optimizer state entry (a guarded tensor each).
+  Freed, the storage has zero bytes and the shape stays as metadata (never a
+  NaN or zero placeholder). Gathered, it is resized and filled from a read
+  lease, which stays held so the bytes count in the device tier until the
+  tensor is freed; a write made while gathered (an in-place op, a version
+  bump, or gathered(write=True)) is copied back into the engine on free.
+  Every alias of that storage (views autograd saved, views a module kept) sees
+  the bytes whenever the tensor is gathered.
+- Units (FSDP's wrapped unit, ZeRO-3's module subtree). A module's pre-hook
+  gathers its unit, the post-hook frees it. The default policy (size_policy)
+  walks from the root down: the first module whose subtree's parameters not yet
+  in a unit take <= unit_bytes (budget/4) is a unit of that whole subtree; a
+  module too big keeps only its own parameters. unit_policy= chooses others.
+- Guard (uses outside a unit: tied weights, nn.MultiheadAttention reading
+  out_proj.weight, functional calls, clip_grad_norm_ reading grads, user code).
+  The parameter's class is swapped for a guarded twin and grads/state are a
+  guarded subclass; their __torch_function__ gathers any freed managed argument
+  ("fault"), then runs the op with torch functions disabled. Metadata reads
+  (shape, dtype, .grad, ...) skip it. An output that aliases a managed storage is
+  returned guarded too, so a view used later is faulted in again. Faults are
+  held in a FIFO of budget/4 bytes, emptied at each boundary (a new forward,
+  step, zero_grad, the end of backward): safe, since every alias is guarded or a
+  reference (below). bench/torch_guard_cost.py compares the mechanisms; on the
+  loaded 2-core VM the guarded class and ZeRO-3's `_parameters` interception
+  were within the noise of each other and of a TorchFunctionMode, and a
+  TorchDispatchMode was clearly dearest (docs/pytorch.md has the figures). The
+  class also sees uses through references the module tree does not (closures,
+  optimizer lists). A fault the budget cannot serve raises OffloadError naming
+  the tensor.
+- Saved tensors (torch.autograd.graph.saved_tensors_hooks, pushed by the
+  outermost unit, or around a guarded op outside any forward): an alias of a
+  gathered storage is packed as a reference (the alias itself, no copy); unpack
+  gathers it and holds it until the next node boundary (an AccumulateGrad post
+  hook, when no other node is running) or the end of backward. Any other saved
+  tensor (an activation) is copied into a new engine tensor (its strided span)
+  and copied back out at unpack; the handle's death removes it.
+- Checkpointing. A forward that runs inside backward is a recompute. Reentrant
+  torch.utils.checkpoint has no saved-tensor hooks on top, so ours are pushed
+  and the recompute's saves are references as above. The non-reentrant one
+  saves through its own hooks (raw aliases we cannot see), so the units it
+  recomputes stay gathered until the end of that backward.
+- Gradients: a tensor hook on each trainable parameter clears `.grad` before
+  AccumulateGrad (so it never adds into a zero-byte storage); a post hook on the
+  AccumulateGrad node copies the new gradient into the engine (adding under
+  accumulation, as autograd would) and sets `.grad` to the guarded face.
+  zero_grad(set_to_none=False) zeroes the engine copy; True drops it.
+- Optimizer: `optimizer.step` runs the original step once per parameter with
+  the parameter, its gradient and its state leased on the device (no copy).
+  Adam, AdamW, SGD, Adagrad and RMSprop update each parameter on its own in
+  torch 1.13 (the CPU foreach ops loop per tensor too), so the ops and bytes are
+  the untiered run's: losses are bitwise equal on CPU. State created lazily (the
+  first step) or by load_state_dict moves into the engine.
+- Checkpoints: model.state_dict() (a state-dict hook) and optimizer.state_dict()
+  return materialised copies; load_state_dict writes through the guard.
 - Prefetch: driven by the access order recorded in the previous step (the
   first step records, each later step replays and re-records): every acquire
   finds its place in that order and prefetches the tensors that follow, up to
-  `lookahead_bytes` ahead. This is the trace-replay predictor (DeepSpeed
-  ZeRO-3's scheme), not u3m-seq: the order of a training step repeats exactly,
-  and module granularity is coarse enough that Python-side bookkeeping stays
-  small.
+  `lookahead_bytes` ahead (DeepSpeed ZeRO-3's trace-replay scheme, not u3m-seq).
 - What the budget does not cover: transient compute memory (a module's
-  outputs until autograd saves or frees them, unpacked copies during a
-  backward node, the loss computed outside the model's forward). That is the
-  working set a device would need on top; the managed state is what grows
-  with model size.
+  outputs until autograd saves or frees them, unpacked activation copies during
+  a backward node, the loss computed outside the model's forward).
 """
 from __future__ import annotations
 
