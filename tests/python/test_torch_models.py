@@ -131,6 +131,33 @@ def case_tied(gen):
         lm_step_loss
 
 
+def case_tied_foreach(gen):
+    model = TiedLM()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True), tokens(gen, 4), lm_step_loss
+
+
+class SharedBlock(nn.Module):
+    """One encoder layer applied three times (ALBERT-style sharing): a unit entered again
+    while it is still held."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.layer = nn.TransformerEncoderLayer(D, 4, 64, dropout=0.0, batch_first=True)
+        self.out = nn.Linear(D, V)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for _ in range(3):
+            h = self.layer(h)
+        return self.out(h)
+
+
+def case_shared(gen):
+    model = SharedBlock()
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2), tokens(gen, 4), lm_step_loss
+
+
 def case_lstm(gen):
     model = RNNLM(nn.LSTM, reentrant_checkpoint=True)
     return model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), tokens(gen, 4), lm_step_loss
@@ -252,6 +279,12 @@ class ModelsTest(unittest.TestCase):
 
     def test_tied_head_clip_grad_norm_and_accumulation_into_zeroed_grads(self):
         self.check(case_tied, clip_accumulate_loop)
+
+    def test_tied_head_adamw_foreach(self):
+        self.check(case_tied_foreach)
+
+    def test_a_block_shared_across_depth(self):
+        self.check(case_shared)
 
     def test_lstm_sgd_momentum_reentrant_checkpoint(self):
         self.check(case_lstm)
