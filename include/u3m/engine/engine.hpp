@@ -57,7 +57,12 @@ struct EngineConfig {
   // Transfers a link may have started and not finished; more wait in the
   // engine's priority queue, so a demand fetch overtakes queued write-backs.
   std::array<unsigned, kNumLinks> link_slots{2, 2, 8, 8};
-  unsigned read_retries = 2;  // re-reads of an SSD copy that failed its checksum
+  // Re-reads of an SSD copy whose read failed (checksum or I/O error) before
+  // the fetch fails. Transient read faults are independent per read, so the
+  // chance that all of 1 + n reads fail falls as p^(n+1): at 8, a 10% fault
+  // rate fails one fetch in 10^9, where 2 failed one in 10^3 (seen as flaky
+  // fault tests: a fetch ran out of retries at a 5% + 5% injected rate).
+  unsigned read_retries = 8;
   // A clean copy whose only other copy is on the SSD tier is dropped at once
   // only if that copy checked out (written with read-back, or read whole)
   // within this long; an older one is verified first (Note [Verified before
