@@ -283,7 +283,8 @@ class Simulation final : public policy::StepContext {
     const Step& s = steps_[j];
     if (s.touches.empty()) return false;
     for (const Touch& t : s.touches) {
-      if (!t.writes || has_data_[t.tensor]) return false;
+      // A tensor freed and not yet removed holds no data (ensure() will say so).
+      if (!t.writes || (has_data_[t.tensor] && !removing_[t.tensor])) return false;
       if (!policy_.home_tier(trace_.tensors[t.tensor])) return false;  // no home: a step as any
     }
     return true;
