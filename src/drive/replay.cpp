@@ -89,8 +89,11 @@ bool check(const void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t v
 // each one not ready, and only then waits, tensor by tensor, for those. One
 // blocking acquire after another would issue the second fetch only when the
 // first had landed, and the link would idle between them. The simulator
-// polls the same way (Note [Simulation loop] in src/sim/runner.cpp), so the
-// two make the same engine calls in the same order. (On the tiny-mha check
+// asks the same way (Note [Simulation loop] in src/sim/runner.cpp): the
+// first asks are the same calls in the same order (the differential test
+// checks them); after that the replay blocks in acquire where the simulator
+// re-polls try_acquire at each completion (issue 15: one driver would end
+// that difference). (On the tiny-mha check
 // configurations the measured stall barely changed: most ops miss at most one
 // tensor there, so the difference shows only for ops that miss several.)
 //
@@ -199,9 +202,12 @@ double transfer_overhead_s(const ReplayOptions& o, std::uint64_t bytes, int reps
 // its tensors, the policy's on_step runs (prefetch, demotion, scores); a step
 // that only creates tensors, under a policy with home tiers, creates each in
 // its home tier, one at a time. Tensors are acquired in the order the op
-// first touches them. Every choice matches sim::simulate_trace (Note
+// first touches them. These choices match sim::simulate_trace (Note
 // [Simulation loop]), and the policy objects are the simulator's, so the two
-// make the same decisions; only time differs.
+// make the same decisions; time differs, and so does the waiting (see Note
+// [All demand fetches at once]). One difference on errors: an acquire that
+// fails other than for room is counted and the replay goes on, where the
+// simulator stops the card.
 //
 // The policy's view of the replay (policy::StepContext) on the replay's own
 // clock: nanoseconds of steady_clock since the replay began.
@@ -241,7 +247,10 @@ class ReplayContext final : public policy::StepContext {
   }
   void publish(std::span<const Engine::ScoreUpdate> scores) override {
     if (log_)
-      for (const auto& u : scores) record(policy::DriverCall::Kind::publish, tensor_of(u.id));
+      for (const auto& u : scores) {
+        record(policy::DriverCall::Kind::publish, tensor_of(u.id));
+        log_->back().score = u.scores.device;
+      }
     eng_.publish_scores(scores);
   }
 

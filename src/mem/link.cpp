@@ -27,7 +27,7 @@ void LinkModel::validate(std::string_view where, std::string_view name,
 LinkSchedule::Slot LinkSchedule::book(std::uint64_t now_ns, std::uint64_t bytes, double rate) {
   Slot s;
   s.start_ns = std::max(now_ns, free_ns_);
-  s.free_ns = s.start_ns + seconds_to_ns(static_cast<double>(bytes) / rate);
+  s.free_ns = s.start_ns + (rate > 0 ? seconds_to_ns(static_cast<double>(bytes) / rate) : 0);
   free_ns_ = s.free_ns;
   return s;
 }

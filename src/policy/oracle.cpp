@@ -12,8 +12,9 @@ namespace {
 // Note [Oracle scores]
 // Belady evicts the copy whose next use is farthest. -(index of the next use
 // after the current step) orders copies so at every step, and changes only
-// when the tensor is used: published once per use (Note [Published victim
-// scores] in engine.hpp). Never used again: -inf, evicted first.
+// when the tensor is used: set when it is registered, then published at
+// each step that uses it (Note [Published victim scores] in engine.hpp).
+// Never used again: -inf, evicted first.
 class Oracle final : public TieringPolicy {
  public:
   explicit Oracle(const PolicyInputs& in) : host_optimizer_(in.host_optimizer), uses_(in.trace.tensors.size()) {
@@ -25,9 +26,10 @@ class Oracle final : public TieringPolicy {
     return engine::Engine::VictimOrder::scores;
   }
   engine::Engine::Scores initial_scores(std::uint32_t tensor, std::size_t step) const override {
-    // Registered for step `step`, or created at home by it: ranked by its
-    // next use after the step before (the current one, while it runs).
-    const double s = score(tensor, step == 0 ? 0 : step - 1);
+    // Registered for step `step` (leased by it, so no victim until on_step
+    // republishes), or created at home by a step that only creates tensors
+    // and has no on_step: ranked by its next use after that step.
+    const double s = score(tensor, step);
     return {s, s};
   }
   std::optional<Tier> home_tier(const trace::Tensor& x) const override { return seed_home(x); }

@@ -33,6 +33,11 @@ std::string_view to_string(DriverCall::Kind k) {
   return "?";
 }
 
+DriverLog without_scores(DriverLog log) {
+  for (DriverCall& c : log) c.score = 0;
+  return log;
+}
+
 const std::vector<PolicyInfo>& tiering_policies() {
   static const std::vector<PolicyInfo> all = {
       {"hbm-only", "everything on the device, nothing evicted, no prefetch: fits or not",

@@ -82,7 +82,9 @@ class U3mPolicy final : public TieringPolicy {
  private:
   double score(std::uint32_t t) const {
     const double k = heat.order_key(t);
-    return in_window[t] ? kInWindow + (std::isfinite(k) ? k : 0.0) : k;
+    // Never accessed (key -inf): below every accessed tensor in the window
+    // too (keys are within +-1e6: log of count x scale, plus seconds / window).
+    return in_window[t] ? kInWindow + (std::isfinite(k) ? k : -1e9) : k;
   }
   void changed(std::uint32_t t) {
     if (changed_stamp_[t] == step_stamp_) return;

@@ -163,7 +163,10 @@ class Simulation final : public policy::StepContext {
   }
   void publish(std::span<const engine::Engine::ScoreUpdate> scores) override {
     if (o_.log)
-      for (const auto& u : scores) record(policy::DriverCall::Kind::publish, tensor_of(u.id));
+      for (const auto& u : scores) {
+        record(policy::DriverCall::Kind::publish, tensor_of(u.id));
+        o_.log->back().score = u.scores.device;
+      }
     eng_.publish_scores(scores);
   }
 
@@ -320,7 +323,7 @@ class Simulation final : public policy::StepContext {
   }
 
   // A step that only creates tensors, with a home for each: created one at a
-  // time where they rest (SimOptions::home_tier). False: waits for a completion.
+  // time where they rest (TieringPolicy::home_tier). False: waits for a completion.
   bool materialize_pass() {
     const Step& s = steps_[j_];
     for (; mat_i_ < s.touches.size(); ++mat_i_, mat_ensured_ = false) {

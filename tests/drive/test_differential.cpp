@@ -22,8 +22,8 @@ using policy::DriverCall;
 using policy::DriverLog;
 
 std::string describe(const DriverCall& c) {
-  return fmt::format("step {} {} tensor {} tier {}{}", c.step, policy::to_string(c.kind), c.tensor,
-                     mem::to_string(c.tier), c.write ? " write" : "");
+  return fmt::format("step {} {} tensor {} tier {}{} score {}", c.step, policy::to_string(c.kind),
+                     c.tensor, mem::to_string(c.tier), c.write ? " write" : "", c.score);
 }
 
 // The u3m policy with only its clock-free decisions: recalibration (a period
@@ -73,6 +73,12 @@ Runs run_both(const trace::Trace& t, const std::string& name, double device_frac
   r.real_ok = rr.ok();
   r.real_error = rr.first_error;
   EXPECT_EQ(rr.mismatches, 0u);
+  // u3m publishes heat keys of each driver's clock: its calls are compared,
+  // not the values; every other policy's scores are exact on both sides.
+  if (name == "u3m") {
+    r.sim = policy::without_scores(std::move(r.sim));
+    r.real = policy::without_scores(std::move(r.real));
+  }
   return r;
 }
 

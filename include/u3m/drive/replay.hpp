@@ -26,10 +26,10 @@ struct ReplayOptions {
   // Device budget in bytes; 0 = `device_fraction` of the footprint.
   std::uint64_t device_budget = 0;
   double device_fraction = 0.5;
-  // Host budget; 0 = the footprint (everything fits in host).
+  // Host budget; 0 = twice the footprint (everything fits in host, below its watermark).
   std::uint64_t host_budget = 0;
   // SSD tier: a store file in this directory ("" = no SSD tier), of this size
-  // (0 = twice the footprint).
+  // (0 = twice the footprint + 64 MiB).
   std::string ssd_dir;
   std::uint64_t ssd_capacity = 0;
   // The tiering policy, one of policy::tiering_policies() (the objects `u3m

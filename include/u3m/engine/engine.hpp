@@ -433,8 +433,9 @@ class Engine {
   std::uint64_t leaving_[2] = {0, 0};  // bytes with an eviction queued or running, per tier
   std::uint64_t short_[2] = {0, 0};    // bytes of allocations that failed since the last pump
   std::uint64_t epoch_ = 0;            // bumped on every state change waiters care about
-  std::uint64_t changes_ =
-      0;  // bumped when a copy may have become evictable (release, transfer done)
+  // Bumped when a copy may have become evictable (release, transfer done, a
+  // new victim order, lowered scores).
+  std::uint64_t changes_ = 0;
   std::uint64_t futile_[2] = {~0ull, ~0ull};  // changes_ at a pressure scan that evicted nothing
   std::uint64_t futile_retry_[2] = {0, 0};    // ... and when the first back-off it skipped ends
   // Lease holders (a handful of threads), and the leases held in all and by

@@ -40,7 +40,9 @@ class LinkSchedule {
     std::uint64_t start_ns = 0;  // when its bytes start to flow
     std::uint64_t free_ns = 0;   // when they are through (the link is free again)
   };
-  // Books `bytes` at `rate` bytes/s (> 0) behind what is booked, issued at now_ns.
+  // Books `bytes` at `rate` bytes/s behind what is booked, issued at now_ns.
+  // An unbounded link (rate <= 0) holds nothing: the slot starts and ends
+  // at max(now, free).
   Slot book(std::uint64_t now_ns, std::uint64_t bytes, double rate);
   // How long a transfer issued at now_ns would wait for those booked before it.
   double ahead_s(std::uint64_t now_ns) const;

@@ -58,7 +58,7 @@ class LinkBacklog {
   explicit LinkBacklog(LinkCost link = {}) : link_(link) {}
   double ahead_s(std::uint64_t now_ns) const { return schedule_.ahead_s(now_ns); }
   void book(std::uint64_t bytes, std::uint64_t now_ns) {
-    schedule_.book(now_ns, bytes, link_.bandwidth);
+    if (link_.bandwidth > 0) schedule_.book(now_ns, bytes, link_.bandwidth);  // 0 = unbounded
   }
   const LinkCost& link() const { return link_; }
 

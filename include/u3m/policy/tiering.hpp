@@ -65,7 +65,10 @@ class StepContext {
 // nor the engine's own moves: those follow the clock, which the simulator
 // and a real run do not share. Both drivers append to a DriverLog when given
 // one, so a test can check that they run a trace and a policy alike
-// (tests/drive/test_differential.cpp).
+// (tests/drive/test_differential.cpp). The log is written by the drivers at
+// the calls they make, not by a wrapper around the engine: it shows that the
+// two drivers and the policy agree, not that the engine's own choices
+// (victims, the order of completions) do; those follow the clock.
 struct DriverCall {
   enum class Kind : std::uint8_t { acquire, prefetch, demote, publish, free };
   Kind kind = Kind::acquire;
@@ -73,9 +76,13 @@ struct DriverCall {
   std::uint32_t tensor = 0;
   Tier tier = Tier::device;  // acquire: the tier asked for; demote: the tier left
   bool write = false;        // acquire: a write lease
+  double score = 0;          // publish: the device score published
   bool operator==(const DriverCall&) const = default;
 };
 using DriverLog = std::vector<DriverCall>;
+// The log with every published score set to 0: for comparing the calls of a
+// policy whose scores are keys of the driver's clock (u3m's heat).
+DriverLog without_scores(DriverLog log);
 std::string_view to_string(DriverCall::Kind k);
 
 // The u3m policy's knobs (docs/policy.md has the measured effect of each).
