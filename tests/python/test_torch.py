@@ -37,6 +37,19 @@ def train(model, opt, batches):
     return losses
 
 
+def train_until_error(model, opt, batches, before_step=lambda k: None):
+    """train(), step by step, until an engine error stops it: (losses so far, the error
+    text or None). Autograd rewraps an error raised in backward as a RuntimeError."""
+    losses = []
+    try:
+        for k, tokens in enumerate(batches):
+            before_step(k)
+            losses += train(model, opt, [tokens])
+    except (u3m.EngineError, RuntimeError) as e:
+        return losses, str(e)
+    return losses, None
+
+
 class OffloadTest(unittest.TestCase):
     def test_training_under_half_the_footprint_matches_untiered_bitwise(self):
         model, opt, batches = make_run()
@@ -101,16 +114,7 @@ class OffloadTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             off = ut.offload(model, opt, budget_fraction=0.5, host_bytes=256 << 10, ssd_dir=d,
                              ssd_bytes=64 << 20, ssd_faults="misdirected_write=0.2,seed=8")
-            losses, stopped = [], None
-            try:
-                for tokens in batches:
-                    loss = lm_loss(model, tokens)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    losses.append(loss.item())
-            except (u3m.EngineError, RuntimeError) as e:  # autograd rewraps it in backward
-                stopped = str(e)
+            losses, stopped = train_until_error(model, opt, batches)
             st = off.rt.stats()
             try:
                 off.close()
@@ -138,21 +142,18 @@ class OffloadTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             off = ut.offload(model, opt, budget_fraction=0.5, host_bytes=256 << 10, ssd_dir=d,
                              ssd_bytes=64 << 20, ssd_faults="eio_on_read=0.001,seed=2")
-            losses, stopped, hit = [], None, 0
-            try:
-                for k, tokens in enumerate(batches):
-                    if k == 2:  # corrupt every tensor whose only copy is on the SSD tier
-                        off.rt.drain()
-                        for tid in sorted(off._live):
-                            if (off.rt.residency(tid) or {}).get("valid") == ["ssd"]:
-                                hit += off.rt.corrupt_ssd_copy(tid, seed=tid & 0xFFFF)
-                    loss = lm_loss(model, tokens)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    losses.append(loss.item())
-            except (u3m.EngineError, RuntimeError) as e:  # autograd rewraps it in backward
-                stopped = str(e)
+            hit = 0
+
+            def corrupt_only_copies(k):
+                nonlocal hit
+                if k != 2:
+                    return
+                off.rt.drain()  # then corrupt every tensor whose only copy is on the SSD tier
+                for tid in sorted(off._live):
+                    if (off.rt.residency(tid) or {}).get("valid") == ["ssd"]:
+                        hit += off.rt.corrupt_ssd_copy(tid, seed=tid & 0xFFFF)
+
+            losses, stopped = train_until_error(model, opt, batches, corrupt_only_copies)
             st = off.rt.stats()
             try:
                 off.close()  # writes the parameters back: a lost one cannot be
