@@ -1,0 +1,49 @@
+// What a run tells whoever watches it: timelines, metrics and bandwidth
+// diagnosis (docs/operators.md once it exists). The step driver reports ops
+// and stalls; the engine reports transfers and tier occupancy. Times are the
+// run's own clock in seconds (virtual in the simulator, wall time in a real
+// run), so one observer serves both.
+//
+// Calls may come from the driver's thread and from the engine's completion
+// threads at once: an implementation must be thread-safe, and cheap (it runs
+// inside the step loop).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "u3m/engine/transport.hpp"
+#include "u3m/mem/status.hpp"
+
+namespace u3m::engine {
+
+struct TransferRecord {
+  int card = 0;
+  Link link = Link::d2h;
+  std::uint8_t priority = 0;  // engine::Priority as its value
+  std::uint64_t bytes = 0;
+  double start_s = 0, end_s = 0;
+  bool ok = true;
+};
+
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  // Op `index` of `step` ran on the compute track of `card` from t0 to t1,
+  // after its operands were in place.
+  virtual void op(int /*card*/, std::int64_t /*step*/, std::size_t /*index*/,
+                  std::string_view /*name*/, double /*t0_s*/, double /*t1_s*/) {}
+  // Op `index` waited for its operands from t0 to t1.
+  virtual void stall(int /*card*/, std::int64_t /*step*/, std::size_t /*index*/,
+                     double /*t0_s*/, double /*t1_s*/) {}
+  // Step `step` ended at t on `card`.
+  virtual void step_end(int /*card*/, std::int64_t /*step*/, double /*t_s*/) {}
+  // A transfer finished (or failed).
+  virtual void transfer(const TransferRecord& /*t*/) {}
+  // Bytes held in `tier` on `card` changed to `used` at t.
+  virtual void occupancy(int /*card*/, mem::Tier /*tier*/, std::uint64_t /*used*/,
+                         double /*t_s*/) {}
+};
+
+}  // namespace u3m::engine
