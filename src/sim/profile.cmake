@@ -1,7 +1,5 @@
 # Hardware profiles (data/hw/*.toml, compiled in), the roofline cost model and
-# `u3m hw calibrate`'s measurements. toml++ (Debian libtomlplusplus-dev) is
-# used header-only inside profile.cpp.
-find_path(U3M_TOMLPP_INCLUDE toml++/toml.h REQUIRED)
+# `u3m hw calibrate`'s measurements. TOML is read through u3m/util/toml.hpp.
 
 # Every data/hw/NAME.toml becomes built-in profile NAME, so `make demo` reads
 # no file at run time. Re-globbed at build time (CONFIGURE_DEPENDS).
@@ -26,6 +24,5 @@ target_sources(u3m_sim PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cost.cpp
   ${CMAKE_CURRENT_LIST_DIR}/calibrate.cpp
   ${CMAKE_CURRENT_BINARY_DIR}/hw_profiles_data.cpp)
-target_include_directories(u3m_sim PRIVATE ${U3M_TOMLPP_INCLUDE})
 # calibrate measures the device-emu backend and the SSD store.
 target_link_libraries(u3m_sim PUBLIC u3m_mem)

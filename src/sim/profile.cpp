@@ -12,40 +12,8 @@
 
 #include <fmt/format.h>
 
-// toml++ is used header-only, in this file alone: no shared library to find at
-// run time, and the fuzzer instruments the parser along with our checks.
-//
-// Note [toml++ assertions]
-// toml++ 3.3.0 asserts on some malformed input (e.g. "[!x]": a table header
-// whose key starts with a character that is neither a bare-key character nor
-// a quote; found by fuzz/fuzz_hw_profile.cpp). With assertions on, that
-// aborts; with NDEBUG its TOML_ASSERT_ASSUME becomes __builtin_assume under
-// clang, which is undefined behaviour. So we compile its checks in, in every
-// build, and make a failed one throw: bad input stays an InputError. Where
-// toml++ checks inside a noexcept function the throw ends in std::terminate
-// (g++ says so with -Wterminate, silenced below): a clean stop, never UB. The
-// known triggers are refused before parsing (Note [Pre-scan]),
-// and fuzzing found no other.
-namespace u3m::sim::detail {
-struct TomlInternalCheck : std::logic_error {
-  using std::logic_error::logic_error;
-};
-}  // namespace u3m::sim::detail
-#pragma push_macro("NDEBUG")
-#undef NDEBUG
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wterminate"
-#endif
-#define TOML_ASSERT(expr) \
-  ((expr) ? static_cast<void>(0) : throw ::u3m::sim::detail::TomlInternalCheck(#expr))
-#include <toml++/toml.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-#pragma pop_macro("NDEBUG")
-
 #include "u3m/util/error.hpp"
+#include "u3m/util/toml.hpp"
 
 namespace u3m::sim {
 
@@ -60,6 +28,9 @@ extern const std::size_t kNumBuiltinProfiles;
 }  // namespace detail
 
 namespace {
+
+using util::at_line;
+using util::line_of;
 
 #define U3M_PARAM(section, key, dim, expr)                              \
   ParamField {                                                          \
@@ -149,14 +120,6 @@ std::string unit_list(Dim d) {
   return out;
 }
 
-std::string at_line(std::string_view where, int line) {
-  return line > 0 ? fmt::format("{}:{}", where, line) : std::string(where);
-}
-
-int line_of(const toml::node& n) {
-  return static_cast<int>(n.source().begin.line);
-}
-
 bool blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
 }
@@ -217,54 +180,6 @@ void check_link(const LinkSpec& l, std::string_view section, std::string_view wh
                 field_name(section, "bandwidth_practical"), l.bandwidth_practical.value,
                 l.bandwidth_practical.unit, l.bandwidth_theoretical.value,
                 l.bandwidth_theoretical.unit);
-}
-
-// Note [Pre-scan]
-// Checks made before toml++ 3.3.0 sees the text, for defects in it that
-// fuzz/fuzz_hw_profile.cpp found:
-//  - control characters: TOML allows none but tab (CR only in CRLF, which
-//    toml++ checks); a NUL in a table header tripped an assertion;
-//  - some non-ASCII code points: its non-ASCII whitespace test
-//    (is_non_ascii_horizontal_whitespace) reaches __builtin_unreachable,
-//    undefined behaviour, for every code point in the 1018-wide blocks its
-//    lookup table leaves out (U+00A1.., U+2C8E.., U+FB26..; toml_ws_gap
-//    mirrors the test). toml++ calls it wherever it looks for whitespace,
-//    including on its error paths, so these code points are refused anywhere
-//    in a profile. Other non-ASCII text (e.g. CJK) is fine.
-bool toml_ws_gap(char32_t c) {
-  if (c < 0xA0 || c > 0xFEFF) return false;
-  const std::uint64_t block = (c - 0xA0) / 0x3FA;
-  if ((1ull << block) & 0x7FFFFFFFFFFFF75Eull) return false;
-  if (c == 0xA0 || c == 0x3000 || c == 0xFEFF) return false;
-  return block != 5 && block != 7;
-}
-
-void check_text(std::string_view t, std::string_view where) {
-  int line = 1;
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    const auto c = static_cast<unsigned char>(t[i]);
-    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
-      input_error(at_line(where, line), "control character 0x{:02x} (a profile is TOML text)", c);
-    if (c == '\n') ++line;
-    // Three-byte UTF-8 sequences cover every gap; anything malformed is left
-    // to toml++'s UTF-8 check.
-    if (c >= 0xC2 && c <= 0xEF && i + 1 < t.size()) {
-      const std::size_t len = c < 0xE0 ? 2 : 3;
-      if (i + len > t.size()) continue;
-      char32_t cp = c & (len == 2 ? 0x1F : 0x0F);
-      bool ok = true;
-      for (std::size_t k = 1; k < len; ++k) {
-        const auto cc = static_cast<unsigned char>(t[i + k]);
-        ok = ok && (cc & 0xC0) == 0x80;
-        cp = (cp << 6) | (cc & 0x3F);
-      }
-      if (ok && toml_ws_gap(cp))
-        input_error(at_line(where, line),
-                    "character U+{:04X} is refused: the TOML parser (toml++ 3.3.0) mishandles it; "
-                    "write it in ASCII",
-                    static_cast<std::uint32_t>(cp));
-    }
-  }
 }
 
 bool valid_name(std::string_view s) {
@@ -334,17 +249,7 @@ std::string field_name(std::string_view section, std::string_view key) {
 }
 
 HwProfile parse_profile(std::string_view text, std::string_view where) {
-  check_text(text, where);
-  toml::table root;
-  try {
-    root = toml::parse(text, where);
-  } catch (const toml::parse_error& e) {
-    input_error(at_line(where, static_cast<int>(e.source().begin.line)),
-                "TOML syntax, column {}: {}", e.source().begin.column, e.description());
-  } catch (const detail::TomlInternalCheck& e) {
-    // Note [toml++ assertions]: the parser gives no position here.
-    input_error(where, "malformed TOML (the parser's check '{}' failed)", e.what());
-  }
+  const toml::table root = util::parse_toml(text, where);
   const std::vector<std::string_view> secs = sections();
   auto known_in = [&](std::string_view section, std::string_view key) {
     for (const ParamField& f : kParams)
