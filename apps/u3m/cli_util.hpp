@@ -1,14 +1,12 @@
 // Small helpers shared by the CLI commands (sizes, labels for measured figures).
 #pragma once
 
-#include <charconv>
-#include <cmath>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
+
+#include "u3m/util/units.hpp"
 
 namespace u3m::workload {
 struct RagConfig;
@@ -20,22 +18,11 @@ namespace u3m::cli {
 // measured figure.
 std::string machine();
 
-// The whole of `text` as a T: an integer in T's range, or a finite double
-// (from_chars alone takes "nan" and "inf"); nullopt for anything else.
-template <typename T>
-std::optional<T> parse_number(std::string_view text) {
-  T v{};
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || p != end) return std::nullopt;
-  if constexpr (std::is_floating_point_v<T>)
-    if (!std::isfinite(v)) return std::nullopt;
-  return v;
-}
+// Shared with the run config (u3m/util/units.hpp).
+using util::human_bytes;
+using util::parse_number;
+using util::parse_size;
 
-// "512", "64K", "4M", "1G" (also "KiB", "MiB", "GiB", "B"): binary multiples.
-// Throws InputError naming `where` unless 1 <= size <= max_bytes.
-std::uint64_t parse_size(std::string_view text, std::string_view where, std::uint64_t max_bytes);
 // A comma-separated list of sizes ("64K,1M,4M"); empty items and lists are errors.
 std::vector<std::uint64_t> parse_size_list(std::string_view list, std::string_view where,
                                            std::uint64_t max_bytes);
@@ -49,8 +36,6 @@ std::vector<std::string> parse_name_list(std::string_view list, std::string_view
 // "rag" or "rag:KEY=V,...": serve's built-in RAG generator (docs/serving.md),
 // validated. Errors name `--requests rag:KEY` (the spec's key, not a flag).
 workload::RagConfig parse_rag_spec(std::string_view spec);
-// "64 KiB", "4 MiB", "512 B": exact, for sizes a user chose.
-std::string human_bytes(std::uint64_t bytes);
 // "11.75 MiB", "812.0 KiB", "96 B": rounded, for measured amounts.
 std::string approx_bytes(double bytes);
 double median(std::vector<double> v);

@@ -13,6 +13,7 @@
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/version.hpp"
 
 namespace {
 
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
       "Run 'u3m COMMAND --help' for the commands below."};
   app.name("u3m");
   app.require_subcommand(1);
-  app.set_version_flag("--version", "u3m 0.1.0");
+  app.set_version_flag("--version", std::string(u3m::kVersion));
   u3m::cli::add_trace_commands(app);
   u3m::cli::add_predict_commands(app);
   u3m::cli::add_bench_commands(app);
