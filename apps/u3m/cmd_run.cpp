@@ -3,6 +3,8 @@
 // footprint, with every byte checked (docs/runtime.md, "Replay").
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -11,15 +13,18 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "u3m/config/run_config.hpp"
 #include "u3m/drive/replay.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/version.hpp"
 
 namespace u3m::cli {
 namespace {
 
 struct ReplayArgs {
   std::string trace;
+  std::string config;  // --config FILE
   std::string device_budget, host_budget, ssd_size, ssd_faults, pool_config;
   double device_fraction = 0.5;
   drive::ReplayOptions opt;
@@ -81,24 +86,53 @@ nlohmann::json faults_json(const drive::ReplayReport& r) {
             {"ssd_copies_failed", s.ssd_copies_failed}}}};
 }
 
+// The config file's fields that replay reads, each overridden by its flag.
+config::Binder bind_config(ReplayArgs& a, const std::function<bool(std::string_view)>& given) {
+  config::Binder b(a.config.empty() ? config::RunConfig{} : config::load_run_config(a.config),
+                   given);
+  drive::ReplayOptions& o = a.opt;
+  auto nonzero = [](std::uint64_t v) { return v ? std::optional(v) : std::nullopt; };
+  auto same = [](const auto& v) { return v; };
+  b.bind(U3M_CONFIG_FIELD(device.budget), "--device-budget", o.device_budget, same, nonzero);
+  b.bind(U3M_CONFIG_FIELD(device.fraction), "--device-fraction", a.device_fraction);
+  b.bind(U3M_CONFIG_FIELD(host.budget), "--host-budget", o.host_budget, same, nonzero);
+  b.bind(U3M_CONFIG_FIELD(ssd.dir), "--ssd-dir", o.ssd_dir);
+  b.bind(U3M_CONFIG_FIELD(ssd.size), "--ssd-size", o.ssd_capacity, same, nonzero);
+  b.bind(
+      U3M_CONFIG_FIELD(ssd.faults), "--ssd-faults", o.ssd_faults,
+      [](const std::string& v) { return mem::FaultSpec::parse(v, "tiers.ssd.faults"); },
+      [](const mem::FaultSpec& f) {
+        return f.empty() ? std::nullopt : std::optional(f.describe());
+      });
+  b.bind(U3M_CONFIG_FIELD(links.h2d_gbps), "--h2d-gbps", o.h2d_gbps);
+  b.bind(U3M_CONFIG_FIELD(links.d2h_gbps), "--d2h-gbps", o.d2h_gbps);
+  b.bind(
+      U3M_CONFIG_FIELD(pool), "--pool-config", o.pool,
+      [](const std::string& v) { return mem::PoolConfig::parse(v, "pool.config"); },
+      [](const mem::PoolConfig& p) { return p.describe(); });
+  b.bind(U3M_CONFIG_FIELD(policy.tiering), "--policy", o.policy);
+  b.bind(U3M_CONFIG_FIELD(policy.host_optimizer), "--host-optimizer", o.host_optimizer);
+  b.bind(U3M_CONFIG_FIELD(prefetch.lookahead), "--lookahead", o.lookahead);
+  return b;
+}
+
 int run_replay(ReplayArgs& a) {
-  if (!(a.device_fraction > 0 && a.device_fraction <= 1))
-    input_error("--device-fraction", "must be in (0, 1], got {}", a.device_fraction);
   constexpr std::uint64_t kMax = 1ull << 40;
   drive::ReplayOptions& o = a.opt;
-  o.device_fraction = a.device_fraction;
-  auto given = [&](const char* flag) { return a.cmd && a.cmd->count(flag) > 0; };
+  auto given = [&](std::string_view flag) { return a.cmd && a.cmd->count(std::string(flag)) > 0; };
   if (given("--device-budget"))
     o.device_budget = parse_size(a.device_budget, "--device-budget", kMax);
   if (given("--host-budget")) o.host_budget = parse_size(a.host_budget, "--host-budget", kMax);
   if (given("--ssd-size")) o.ssd_capacity = parse_size(a.ssd_size, "--ssd-size", kMax);
-  if (o.h2d_gbps < 0 || o.d2h_gbps < 0) input_error("--h2d-gbps/--d2h-gbps", "must be >= 0");
-  if (given("--ssd-faults")) {
-    o.ssd_faults = mem::FaultSpec::parse(a.ssd_faults, "--ssd-faults");
-    if (o.ssd_dir.empty()) input_error("--ssd-faults", "needs an SSD tier (--ssd-dir)");
-  }
-
+  if (given("--ssd-faults")) o.ssd_faults = mem::FaultSpec::parse(a.ssd_faults, "--ssd-faults");
   if (given("--pool-config")) o.pool = mem::PoolConfig::parse(a.pool_config, "--pool-config");
+  const config::Binder cfg = bind_config(a, given);
+  if (!(a.device_fraction > 0 && a.device_fraction <= 1))
+    input_error("--device-fraction", "must be in (0, 1], got {}", a.device_fraction);
+  o.device_fraction = a.device_fraction;
+  if (o.h2d_gbps < 0 || o.d2h_gbps < 0) input_error("--h2d-gbps/--d2h-gbps", "must be >= 0");
+  if (!o.ssd_faults.empty() && o.ssd_dir.empty())
+    input_error("--ssd-faults", "needs an SSD tier (--ssd-dir, or tiers.ssd.dir in --config)");
   policy::find_tiering_policy(o.policy, "--policy");  // before the trace is read
   trace::Trace t = trace::load_trace(a.trace);
   const bool tty = isatty(STDERR_FILENO) && !a.json;
@@ -129,6 +163,8 @@ int run_replay(ReplayArgs& a) {
     }
     nlohmann::json j = {{"trace", a.trace},
                         {"measured_on", machine()},
+                        {"version", kVersion},
+                        {"config", cfg.effective()},
                         {"events", r.events},
                         {"ops", r.ops},
                         {"tensors", r.tensors},
@@ -228,6 +264,10 @@ void add_run_commands(CLI::App& app) {
       "(tensor, version) and every read checks it; exits 3 if any byte or acquire was wrong.");
   rp->add_option("trace", a->trace, "Trace file (.u3mt or .jsonl), e.g. from 'u3m trace gen'")
       ->required()
+      ->check(CLI::ExistingFile);
+  rp->add_option("--config", a->config,
+                 "Run config, a TOML file (docs/config.md; examples/u3m.toml): tiers, budgets, "
+                 "SSD, links, pool, policy, prefetch. A flag given here wins over the file")
       ->check(CLI::ExistingFile);
   rp->add_option("--device-budget", a->device_budget,
                  "Device budget, e.g. 8M (default: see --device-fraction)");

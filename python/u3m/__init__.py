@@ -20,3 +20,4 @@ except ImportError as e:  # the .py files are importable from python/ without th
 from ._core import *  # noqa: E402,F401,F403
 
 __all__ = [n for n in dir(_core) if not n.startswith("_")]
+__version__ = _core.__version__  # the release and the git commit of the build

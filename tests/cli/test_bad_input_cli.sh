@@ -144,6 +144,22 @@ trace_inputs() {  # CMD... (the trace is appended)
   run_bad "$* bad gzip" "bad.gz" "$@" "$tmp/bad.gz"
 }
 
+# --config FILE (docs/config.md): each defect is refused naming the file, the
+# line and the key.
+printf '[tiers.device]\nhigh_watermak = 0.9\n' >"$tmp/cfg-key.toml"
+printf '[policy]\ntiering = 3\n' >"$tmp/cfg-type.toml"
+printf '[tiers.host]\nhigh_watermark = 0.7\nlow_watermark = 0.8\n' >"$tmp/cfg-order.toml"
+printf '\n[policy]\ntiering = "fifo"\n' >"$tmp/cfg-name.toml"
+printf '[tiers.device\n' >"$tmp/cfg-syntax.toml"
+config_inputs() {  # CMD... (--config FILE is appended)
+  run_bad "$* --config unknown key" "cfg-key.toml:2: unknown key 'high_watermak' in [tiers.device]" "$@" --config "$tmp/cfg-key.toml"
+  run_bad "$* --config wrong type" "cfg-type.toml:2: 'policy.tiering' must be a string" "$@" --config "$tmp/cfg-type.toml"
+  run_bad "$* --config watermarks" "cfg-order.toml:3: 'tiers.host.low_watermark'" "$@" --config "$tmp/cfg-order.toml"
+  run_bad "$* --config unknown name" "cfg-name.toml:3: 'policy.tiering': unknown policy 'fifo'" "$@" --config "$tmp/cfg-name.toml"
+  run_bad "$* --config syntax" "cfg-syntax.toml:1: TOML syntax" "$@" --config "$tmp/cfg-syntax.toml"
+  run_bad "$* --config missing" "--config" "$@" --config "$NOFILE"
+}
+
 if case_of "mem plan"; then
   trace_inputs "$U3M" mem plan
   P=("$U3M" mem plan "$tmp/t.u3mt")
@@ -166,6 +182,7 @@ if case_of "run replay"; then
   run_bad "run replay --d2h-gbps -1" "--d2h-gbps" "${R[@]}" --d2h-gbps -1
   run_bad "run replay --ssd-dir missing" "--ssd-dir" "${R[@]}" --ssd-dir "$NOFILE"
   run_bad "run replay --ssd-dir a file" "--ssd-dir" "${R[@]}" --ssd-dir "$tmp/empty"
+  config_inputs "${R[@]}"
 fi
 
 if case_of "bench alloc"; then
