@@ -1,5 +1,6 @@
 # The two commands of the README, plus the builds they rest on.
-#   make demo   install deps, build, run the demo on embedded defaults
+#   make demo   install deps, build, run the demo on embedded defaults: a short
+#               summary and an HTML report (make demo U3M_DEMO_FULL=1: full tables)
 #   make test   install deps, build, run every test (release, then ASan+UBSan
 #               with brief fuzzing of every parser)
 # Other targets: build, asan, tsan, test-tsan, bench, fuzz, format, clean.
@@ -7,6 +8,7 @@
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 20
 FUZZ_RUNS ?=
+U3M_DEMO_FULL ?= 0
 
 .PHONY: all deps build asan tsan test test-release test-asan test-tsan fuzz demo bench format clean
 
@@ -45,7 +47,7 @@ fuzz: asan
 	@scripts/run-fuzzers.sh build/asan $(FUZZ_SECONDS) $(FUZZ_RUNS)
 
 demo: build
-	@scripts/demo.sh build/release/apps/u3m/u3m
+	@U3M_DEMO_FULL=$(U3M_DEMO_FULL) scripts/demo.sh build/release/apps/u3m/u3m
 
 bench: build
 	@for b in build/release/bench/bench_*; do echo "== $$b"; $$b; done

@@ -9,8 +9,10 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libsimdjson-dev libfmt-dev libxxhash-dev zlib1g-dev
   liburing-dev libtomlplusplus-dev
+  prometheus-cpp-dev                # /metrics (src/observe)
   python3 python3-dev python3-torch python3-numpy pybind11-dev   # python3-dev: Python.h for the extension
   fio                               # reference bandwidth for `u3m bench ssd`
+  python3-matplotlib chromium       # `u3m report` plots; its test renders the page headless
 )
 
 missing=()

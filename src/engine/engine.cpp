@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -63,6 +64,7 @@ constexpr int idx(Tier t) {
   return static_cast<int>(t);
 }
 constexpr std::uint8_t kNoPrio = 255;
+}  // namespace
 
 Tier link_src(Link l) {
   switch (l) {
@@ -90,7 +92,6 @@ Tier link_dst(Link l) {
   }
   return Tier::host;
 }
-}  // namespace
 
 std::string_view to_string(Priority p) {
   switch (p) {
@@ -315,6 +316,7 @@ Engine::~Engine() {
   // A completion callback may still be returning (it released the lock and
   // is running its actions); wait for it before anything is torn down.
   while (callbacks_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  set_observer(nullptr);  // it reads the final stats before they go
   std::unique_lock lk(mu_);
   Actions act;
   entries_.for_each([&](Entry& e) {
@@ -334,7 +336,9 @@ void Engine::note_use(Tier t) {
   std::uint64_t cap = t == Tier::device ? config_.device.capacity
                       : t == Tier::host ? config_.host.capacity
                                         : 0;
-  monitor_.record(t, used_[i], cap, clock_.now_ns());
+  const std::uint64_t now = clock_.now_ns();
+  monitor_.record(t, used_[i], cap, now);
+  if (observer_) observer_->occupancy(observer_card_, t, used_[i], static_cast<double>(now) * 1e-9);
 }
 
 void Engine::count_eviction() {
@@ -792,7 +796,16 @@ void Engine::on_done(const Transfer& t, Status s) {
     running_.pop_back();
     LinkStats& ls = st_.links[static_cast<int>(r.link)];
     --links_[static_cast<int>(r.link)].in_flight;
-    ls.busy_ns += clock_.now_ns() - r.start_ns;
+    const std::uint64_t end_ns = clock_.now_ns();
+    ls.busy_ns += end_ns - r.start_ns;
+    if (observer_)
+      observer_->transfer({.card = observer_card_,
+                           .link = r.link,
+                           .priority = static_cast<std::uint8_t>(r.job.prio),
+                           .bytes = t.bytes,
+                           .start_s = static_cast<double>(r.start_ns) * 1e-9,
+                           .end_s = static_cast<double>(end_ns) * 1e-9,
+                           .ok = mem::ok(s)});
     Entry* found = find(t.tensor);
     if (!found) throw std::logic_error("Engine: a transfer completed for an unknown tensor");
     Entry& e = *found;
@@ -1125,6 +1138,7 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
       e.demand_want &= static_cast<std::uint8_t>(~bit(tier));
       e.error[i] = Status::ok;  // an old failure must not fail a later caller
       waited ? ++st_.misses : ++st_.hits;
+      ++(waited ? st_.misses_by_tier : st_.hits_by_tier)[i];
       break;
     }
     if (!counted_waiter) {
@@ -1373,6 +1387,19 @@ mem::TierReport Engine::monitor(Tier t) const {
 void Engine::on_alert(mem::AlertFn fn) {
   std::lock_guard lk(mu_);
   monitor_.on_alert(std::move(fn));
+}
+
+void Engine::set_observer(RunObserver* observer, int card) {
+  RunObserver* old = nullptr;
+  int old_card = 0;
+  {
+    std::lock_guard lk(mu_);
+    old = std::exchange(observer_, observer);
+    old_card = std::exchange(observer_card_, card);
+  }
+  // Outside the lock: an observer reads stats() and monitor() from here on.
+  if (old) old->detached(old_card, *this);
+  if (observer) observer->attached(card, *this);
 }
 
 }  // namespace u3m::engine

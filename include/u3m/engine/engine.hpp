@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "u3m/engine/clock.hpp"
+#include "u3m/engine/run_observer.hpp"
 #include "u3m/engine/transport.hpp"
 #include "u3m/mem/backend.hpp"
 #include "u3m/mem/monitor.hpp"
@@ -42,6 +43,9 @@ enum class Access : std::uint8_t { read, write };
 enum class Priority : std::uint8_t { demand = 0, prefetch = 1, writeback = 2 };
 inline constexpr int kNumPriorities = 3;
 std::string_view to_string(Priority p);
+// The tiers a link moves data from and to (d2h: device to host, ...).
+Tier link_src(Link l);
+Tier link_dst(Link l);
 
 struct TierLimits {
   std::uint64_t capacity = 0;    // bytes the engine may keep in the tier (device, host > 0)
@@ -110,6 +114,8 @@ struct EngineStats {
   std::uint64_t used[mem::kNumTiers] = {}, peak[mem::kNumTiers] = {};
   std::array<LinkStats, kNumLinks> links{};
   std::uint64_t acquires = 0, hits = 0, misses = 0;  // a miss waited for a fetch
+  // hits and misses by the tier asked for (device, host; the SSD slot stays 0)
+  std::uint64_t hits_by_tier[mem::kNumTiers] = {}, misses_by_tier[mem::kNumTiers] = {};
   std::uint64_t prefetches = 0, prefetch_hits = 0;   // hits on a copy a prefetch brought
   std::uint64_t evictions = 0;                       // copies dropped from device or host
   std::uint64_t clean_drops = 0;  // of which needed no write-back (a lower copy was valid)
@@ -224,6 +230,14 @@ class Engine {
   // Level changes of any tier. Called under the engine's lock: it must be
   // quick and must not call back into the engine (queue the alert instead).
   void on_alert(mem::AlertFn fn);
+  // Reports every transfer and every change of a tier's use to `observer` as
+  // `card` (null = none, the default: then the cost is one branch). The calls
+  // run under the engine's lock, on whichever thread made the change (a
+  // completion thread, an acquirer): they must be quick and must not call
+  // back into the engine. The observer's attached() and detached() run
+  // outside the lock, here and in the destructor; between them it may read
+  // stats() and monitor(). It must outlive the engine or be replaced first.
+  void set_observer(RunObserver* observer, int card = 0);
   const EngineConfig& config() const { return config_; }
 
  private:
@@ -443,6 +457,8 @@ class Engine {
   std::vector<Holder> holders_;
   std::uint64_t leases_ = 0, waiting_leases_ = 0;
   mem::Monitor monitor_;
+  RunObserver* observer_ = nullptr;  // set_observer; read and written under mu_
+  int observer_card_ = 0;
   VictimOrder victim_order_ = VictimOrder::lru;
   EngineStats st_;
   std::atomic<std::uint64_t> evictions_{0};  // st_.evictions, for evictions() without the lock

@@ -18,6 +18,8 @@
 
 namespace u3m::engine {
 
+class Engine;
+
 struct TransferRecord {
   int card = 0;
   Link link = Link::d2h;
@@ -44,6 +46,12 @@ class RunObserver {
   // Bytes held in `tier` on `card` changed to `used` at t.
   virtual void occupancy(int /*card*/, mem::Tier /*tier*/, std::uint64_t /*used*/,
                          double /*t_s*/) {}
+  // Engine::set_observer: `e` reports to this observer as `card` from
+  // attached() until detached() (another observer set, or the engine's
+  // destructor). In between, and outside the two reporting calls above, the
+  // observer may read e's locking accessors (stats(), monitor()).
+  virtual void attached(int /*card*/, const Engine& /*e*/) {}
+  virtual void detached(int /*card*/, const Engine& /*e*/) {}
 };
 
 }  // namespace u3m::engine
