@@ -16,8 +16,10 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "u3m/config/run_config.hpp"
 #include "u3m/predict/bound.hpp"
 #include "u3m/predict/diagnose.hpp"
+#include "u3m/util/version.hpp"
 #include "u3m/predict/eval.hpp"
 #include "u3m/predict/predictor.hpp"
 #include "u3m/trace/io.hpp"
@@ -37,6 +39,8 @@ struct PredictEvalArgs {
   bool diagnose = false;
   bool window_delta = false;
   bool exchangeable = false;
+  std::string config;          // --config FILE
+  nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
 
 // The --predictors list: every name known, none empty, none twice.
@@ -262,6 +266,8 @@ void run_eval(const PredictEvalArgs& a) {
     for (const auto& n : names) pj[n] = predict::to_json(pooled[n], headline);
     out["predictors"] = pj;
     out["per_trace"] = per_trace;
+    out["config"] = a.config_used;
+    out["version"] = kVersion;
     fmt::print("{}\n", out.dump(2));
   } else {
     if (a.traces.size() > 1) {
@@ -320,8 +326,21 @@ void add_predict_commands(CLI::App& app) {
                  "first-touch bytes at the headline horizon are (docs/prediction.md, "
                  "\"Diagnosis\"): after each table, or with --json under "
                  "per_trace.TRACE.diagnosis; slow");
-  eval->callback([args, predictors] {
+  eval->add_option("--config", args->config,
+                   "Run config, a TOML file (docs/config.md): predictor.name (scored alone), "
+                   "predictor.horizon. A flag given here wins over the file")
+      ->check(CLI::ExistingFile);
+  eval->callback([args, predictors, eval] {
     args->predictors_given = predictors->count() > 0;
+    config::Binder b(
+        args->config.empty() ? config::RunConfig{} : config::load_run_config(args->config),
+        [eval](std::string_view flag) { return eval->count(std::string(flag)) > 0; });
+    if (b.file().predictor.name && !args->predictors_given) args->predictors_given = true;
+    b.bind(U3M_CONFIG_FIELD(predictor.name), "--predictors", args->predictors,
+           [](const std::string& v) { return v; },
+           [](const std::string& v) { return v.empty() ? std::nullopt : std::optional(v); });
+    b.bind(U3M_CONFIG_FIELD(predictor.horizon), "--horizon-ops", args->horizon);
+    args->config_used = b.effective();
     run_eval(*args);
   });
 }

@@ -11,15 +11,15 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "u3m/config/run_config.hpp"
 #include "u3m/experiments/serve.hpp"
 #include "u3m/sim/profile_json.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/version.hpp"
 #include "u3m/workload/rag.hpp"
 
 namespace u3m::cli {
 namespace {
-
-constexpr const char* kVersion = "u3m 0.1.0";
 
 struct ServeArgs {
   std::string requests, model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
@@ -28,7 +28,19 @@ struct ServeArgs {
   double slo_ttft_ms = 0, slo_tpot_ms = 0, slo_ttft_factor = -1, rate_scale = 1;
   experiments::ServeScenario knobs;  // the remaining scenario fields, with their defaults
   bool json = false;
+  std::string config;          // --config FILE
+  nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
+
+// The config file's fields that serve sim and capacity read, each overridden
+// by its flag; records the values used for the JSON result.
+void apply_config(ServeArgs& a, const CLI::App* cmd) {
+  config::Binder b(a.config.empty() ? config::RunConfig{} : config::load_run_config(a.config),
+                   [cmd](std::string_view flag) { return cmd->count(std::string(flag)) > 0; });
+  b.bind(U3M_CONFIG_FIELD(hw), "--hw", a.hw);
+  if (cmd->get_name() == "sim") b.bind(U3M_CONFIG_FIELD(kv.policy), "--kv-policy", a.policy);
+  a.config_used = b.effective();
+}
 
 experiments::ServeScenario scenario(const ServeArgs& a) {
   experiments::ServeScenario s = a.knobs;
@@ -208,7 +220,9 @@ void run_sim(const ServeArgs& a) {
   const experiments::ServeResult r = experiments::simulate_serving(s);
   if (tty(a)) fmt::print(stderr, "\r\033[K");
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    nlohmann::json j = {{"scenario", scenario_json(s)},
+                        {"profile", sim::profile_json(s.hw)},
+                        {"config", a.config_used}};
     j["scenario"]["kv_policy"] = s.policy;
     j["policies"][s.policy] = result_json(r);
     fmt::print("{}\n", j.dump(2));
@@ -236,7 +250,9 @@ void run_capacity(const ServeArgs& a) {
   for (const auto& r : rows)
     if (r.policy == "hbm-only") base_goodput = r.at.goodput_rps;
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    nlohmann::json j = {{"scenario", scenario_json(s)},
+                        {"profile", sim::profile_json(s.hw)},
+                        {"config", a.config_used}};
     j["scenario"].erase("rate_scale");
     j["scenario"]["search"] = "highest arrival-rate scale meeting the SLOs (docs/serving.md)";
     j["policies"] = nlohmann::json::object();
@@ -278,6 +294,10 @@ void run_capacity(const ServeArgs& a) {
 }
 
 void add_common(CLI::App* c, ServeArgs& a) {
+  c->add_option("--config", a.config,
+                "Run config, a TOML file (docs/config.md): profile.hw, kv.policy. A flag given "
+                "here wins over the file")
+      ->check(CLI::ExistingFile);
   c->add_option("--requests", a.requests,
                 "Request trace (u3m jsonl, Mooncake jsonl, Azure csv; .gz ok), or 'rag' / "
                 "'rag:KEY=V,...' for the built-in RAG generator (keys: requests, rate, system, "
@@ -332,7 +352,10 @@ void add_serve_commands(CLI::App& app) {
   sim->add_option("--rate-scale", a->rate_scale,
                   "Divide arrival times by this (2 = twice the request rate)")
       ->capture_default_str();
-  sim->callback([a] { run_sim(*a); });
+  sim->callback([a, sim] {
+    apply_config(*a, sim);
+    run_sim(*a);
+  });
 
   auto* cap = serve->add_subcommand(
       "capacity",
@@ -340,7 +363,10 @@ void add_serve_commands(CLI::App& app) {
       "and its goodput against hbm-only");
   add_common(cap, *a);
   cap->add_option("--policies", a->policies, "Comma-separated KV policies")->capture_default_str();
-  cap->callback([a] { run_capacity(*a); });
+  cap->callback([a, cap] {
+    apply_config(*a, cap);
+    run_capacity(*a);
+  });
 }
 
 }  // namespace u3m::cli

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
+#include "u3m/config/run_config.hpp"
 #include "u3m/experiments/train_json.hpp"
 #include "u3m/util/version.hpp"
 #include "commands.hpp"
@@ -42,7 +43,20 @@ struct TrainArgs {
   double recalibrate_period_s = 0;
   std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
+  std::string config;  // --config FILE
+  nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
+
+// The config file's fields that train sim and capacity read, each overridden
+// by its flag; records the values used for the JSON result.
+void apply_config(TrainArgs& a, const CLI::App* cmd) {
+  config::Binder b(a.config.empty() ? config::RunConfig{} : config::load_run_config(a.config),
+                   [cmd](std::string_view flag) { return cmd->count(std::string(flag)) > 0; });
+  b.bind(U3M_CONFIG_FIELD(hw), "--hw", a.hw);
+  if (cmd->get_name() == "sim") b.bind(U3M_CONFIG_FIELD(policy.tiering), "--policy", a.policy);
+  b.bind(U3M_CONFIG_FIELD(prefetch.mode), "--prefetch", a.prefetch);
+  a.config_used = b.effective();
+}
 
 experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card_model) {
   experiments::TrainScenario s;
@@ -104,6 +118,7 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
       j["failover"]["after_symmetric"] = experiments::train_result_json(r.after_symmetric);
       j["failover"]["slowdown_symmetric"] = r.slowdown_symmetric;
     }
+    j["config"] = a.config_used;
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -148,7 +163,9 @@ void run_sim(const TrainArgs& a) {
   if (a.fail_card_given) return run_failover(a, s);
   experiments::TrainResult r = experiments::simulate_training(s);
   if (a.json) {
-    fmt::print("{}\n", experiments::train_sim_json(s, r).dump(2));
+    nlohmann::json j = experiments::train_sim_json(s, r);
+    j["config"] = a.config_used;
+    fmt::print("{}\n", j.dump(2));
     return;
   }
   fmt::print("simulated with profile {} ({}), not measured\n", s.hw.name, s.hw.origin);
@@ -231,6 +248,7 @@ void run_capacity(const TrainArgs& a) {
           {"gain_vs_hbm_only", base_params ? double(r.max_params) / double(base_params) : 0.0},
           {"tried", tried}};
     }
+    j["config"] = a.config_used;
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -430,6 +448,10 @@ void run_check(const CheckArgs& a) {
 }
 
 void add_scenario_options(CLI::App* c, TrainArgs& a) {
+  c->add_option("--config", a.config,
+                "Run config, a TOML file (docs/config.md): profile.hw, policy.tiering, "
+                "prefetch.mode. A flag given here wins over the file")
+      ->check(CLI::ExistingFile);
   c->add_option("--hw", a.hw, "Hardware profile: a built-in name (u3m hw show) or a TOML file")
       ->capture_default_str();
   c->add_option("--cards", a.cards, "Cards; ZeRO-3 shards across them")->capture_default_str();
@@ -485,6 +507,7 @@ void add_train_commands(CLI::App& app) {
                   "card-to-card link and training goes on (reports the slowdown)");
   add_scenario_options(sim, *a);
   sim->callback([a, sim] {
+    apply_config(*a, sim);
     a->fail_card_given = sim->count("--fail-card") > 0;
     run_sim(*a);
   });
@@ -497,7 +520,10 @@ void add_train_commands(CLI::App& app) {
       ->capture_default_str();
   cap->add_option("--policies", a->policies, "Comma-separated policies")->capture_default_str();
   add_scenario_options(cap, *a);
-  cap->callback([a] { run_capacity(*a); });
+  cap->callback([a, cap] {
+    apply_config(*a, cap);
+    run_capacity(*a);
+  });
 
   auto ca = std::make_shared<CheckArgs>();
   auto* chk = train->add_subcommand(

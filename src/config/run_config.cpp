@@ -7,7 +7,6 @@
 #include <fmt/ranges.h>
 
 #include "u3m/experiments/serve.hpp"
-#include "u3m/kv/eviction.hpp"
 #include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/policy/tiering.hpp"
@@ -143,8 +142,8 @@ TierConfig read_tier(const Table& t, bool with_fraction) {
                 t.key("fraction"));
   c.high_watermark = t.number("high_watermark", 0, 1, true);
   c.low_watermark = t.number("low_watermark", 0, 1, true);
-  if (c.high_watermark && c.low_watermark && !(*c.low_watermark < *c.high_watermark))
-    input_error(t.loc(*t.get("low_watermark")), "'{}' ({}) must be below '{}' ({})",
+  if (c.high_watermark && c.low_watermark && !(*c.low_watermark <= *c.high_watermark))
+    input_error(t.loc(*t.get("low_watermark")), "'{}' ({}) must not be above '{}' ({})",
                 t.key("low_watermark"), *c.low_watermark, t.key("high_watermark"),
                 *c.high_watermark);
   return c;
@@ -214,12 +213,9 @@ RunConfig parse_run_config(std::string_view text, std::string_view where) {
   c.predictor.horizon = pred.count("horizon", 1, 1u << 20);
 
   const Table kv = sub(root, "kv");
-  check(kv, {"policy", "eviction"});
+  check(kv, {"policy"});
   c.kv.policy = kv.name_of("policy");
   check_in(kv, "policy", c.kv.policy, experiments::serve_policy_names());
-  c.kv.eviction = kv.name_of("eviction");
-  check_name(kv, "eviction", c.kv.eviction,
-             [](const std::string& v) { kv::parse_eviction_policy(v, "eviction"); });
   return c;
 }
 
@@ -282,7 +278,6 @@ nlohmann::json RunConfig::to_json() const {
   section("predictor", pr);
   nlohmann::json k = nlohmann::json::object();
   put(k, "policy", kv.policy);
-  put(k, "eviction", kv.eviction);
   section("kv", k);
   return j;
 }

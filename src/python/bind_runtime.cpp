@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -28,6 +30,8 @@ struct RuntimeOptions {
   std::uint64_t ssd_capacity = 0;
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
   std::string ssd_faults;             // mem::FaultSpec text; "" = none
+  // Eviction watermarks, fractions of each budget (EngineConfig's defaults).
+  double device_high = 0.90, device_low = 0.80, host_high = 0.90, host_low = 0.80;
 };
 
 const RuntimeOptions& validated(const RuntimeOptions& o) {
@@ -51,6 +55,11 @@ engine::StackSpec stack_options(const RuntimeOptions& o) {
   so.links[static_cast<int>(engine::Link::h2d)].bandwidth = o.h2d_gbps * 1e9;
   so.links[static_cast<int>(engine::Link::d2h)].bandwidth = o.d2h_gbps * 1e9;
   if (!o.ssd_faults.empty()) so.ssd_faults = mem::FaultSpec::parse(o.ssd_faults, "ssd_faults");
+  so.engine.device.high_watermark = o.device_high;
+  so.engine.device.low_watermark = o.device_low;
+  so.engine.host.high_watermark = o.host_high;
+  so.engine.host.low_watermark = o.host_low;
+  so.validate("Runtime");
   return so;
 }
 
@@ -253,8 +262,16 @@ void bind_runtime(py::module_& m) {
       "memory and an optional SSD store (docs/runtime.md, docs/pytorch.md).")
       .def(py::init([](const py::object& device_budget, const py::object& host_budget,
                        const std::string& ssd_dir, const py::object& ssd_capacity, double h2d_gbps,
-                       double d2h_gbps, const std::string& ssd_faults) {
+                       double d2h_gbps, const std::string& ssd_faults,
+                       const py::sequence& device_watermarks, const py::sequence& host_watermarks) {
              RuntimeOptions o;
+             auto pair = [](const py::sequence& w, const char* name) {
+               if (py::len(w) != 2)
+                 input_error("Runtime", "{} must be (high, low), got {} values", name, py::len(w));
+               return std::pair{w[0].cast<double>(), w[1].cast<double>()};
+             };
+             std::tie(o.device_high, o.device_low) = pair(device_watermarks, "device_watermarks");
+             std::tie(o.host_high, o.host_low) = pair(host_watermarks, "host_watermarks");
              o.ssd_faults = ssd_faults;
              o.device_budget = budget_arg(device_budget, "device_budget");
              o.host_budget = budget_arg(host_budget, "host_budget");
@@ -266,7 +283,9 @@ void bind_runtime(py::module_& m) {
            }),
            py::arg("device_budget"), py::arg("host_budget") = py::int_(1ll << 30),
            py::arg("ssd_dir") = "", py::arg("ssd_capacity") = py::int_(0),
-           py::arg("h2d_gbps") = 0.0, py::arg("d2h_gbps") = 0.0, py::arg("ssd_faults") = "")
+           py::arg("h2d_gbps") = 0.0, py::arg("d2h_gbps") = 0.0, py::arg("ssd_faults") = "",
+           py::arg("device_watermarks") = py::make_tuple(0.90, 0.80),
+           py::arg("host_watermarks") = py::make_tuple(0.90, 0.80))
       .def_property_readonly("device_budget",
                              [](const Runtime& r) { return r.options().device_budget; })
       .def_property_readonly("host_budget",

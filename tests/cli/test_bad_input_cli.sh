@@ -278,6 +278,7 @@ if case_of "train sim"; then
   run_bad "train sim --policy" "--policy" "${S[@]}" --policy fifo
   for v in "" 1 x@1 1@ @1 0@0 5@1 -1@1 1@-1; do run_bad "train sim --fail-card '$v'" "--fail-card" "$U3M" train sim --model tiny --cards 2 --fail-card "$v"; done
   run_bad "train sim --fail-card one card" "--fail-card" "${S[@]}" --fail-card 0@1
+  config_inputs "${S[@]}"
 fi
 
 if case_of "train capacity"; then
@@ -340,6 +341,7 @@ if case_of "serve sim"; then
   serve_common "${V[@]}"
   for v in 0 -1; do run_bad "serve sim --rate-scale $v" "--rate-scale" "${V[@]}" --requests rag:requests=5 --rate-scale "$v"; done
   run_bad "serve sim --kv-policy" "--kv-policy" "${V[@]}" --requests rag:requests=5 --kv-policy fifo
+  config_inputs "${V[@]}" --requests rag:requests=5
 fi
 
 if case_of "serve capacity"; then

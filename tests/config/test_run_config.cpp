@@ -44,7 +44,6 @@ TEST(RunConfig, ExampleFileParsesWithEveryValue) {
   EXPECT_EQ(c.predictor.name, "u3m");
   EXPECT_EQ(c.predictor.horizon, 64u);
   EXPECT_EQ(c.kv.policy, "u3m-tiered");
-  EXPECT_EQ(c.kv.eviction, "lru");
   const nlohmann::json j = c.to_json();
   EXPECT_EQ(j["tiers"]["host"]["budget"], 64ull << 30);
   EXPECT_EQ(j["policy"]["tiering"], "u3m");
@@ -82,7 +81,7 @@ TEST(RunConfig, WrongTypesAndRangesAreRefused) {
   EXPECT_REFUSED("[tiers.device]\nhigh_watermark = 1.5\n", "must be in (0, 1]");
   EXPECT_REFUSED("[tiers.device]\nfraction = 0\n", "must be in (0, 1]");
   EXPECT_REFUSED("[tiers.host]\nhigh_watermark = 0.7\nlow_watermark = 0.8\n",
-                 "cfg.toml:3: 'tiers.host.low_watermark' (0.8) must be below");
+                 "cfg.toml:3: 'tiers.host.low_watermark' (0.8) must not be above");
   EXPECT_REFUSED("[tiers.device]\nbudget = 64\nfraction = 0.5\n", "both set");
   EXPECT_REFUSED("[links]\nh2d_gbps = -1\n", "'links.h2d_gbps' is -1");
   EXPECT_REFUSED("[predictor]\nhorizon = 0\n", "'predictor.horizon' is 0");
@@ -94,7 +93,7 @@ TEST(RunConfig, NamesAreCheckedByTheirRegistries) {
   EXPECT_REFUSED("[policy]\ntiering = \"fifo\"\n", "cfg.toml:2: 'policy.tiering'");
   EXPECT_REFUSED("[predictor]\nname = \"psychic\"\n", "'predictor.name' is 'psychic'");
   EXPECT_REFUSED("[kv]\npolicy = \"vllm\"\n", "'kv.policy' is 'vllm'; expected one of");
-  EXPECT_REFUSED("[kv]\neviction = \"mru\"\n", "'kv.eviction'");
+  EXPECT_REFUSED("[kv]\neviction = \"lru\"\n", "unknown key 'eviction' in [kv]");
   EXPECT_REFUSED("[prefetch]\nmode = \"eager\"\n", "expected one of fixed, link");
   EXPECT_REFUSED("[profile]\nhw = \"no-such-card\"\n", "cfg.toml:2: 'profile.hw'");
   EXPECT_REFUSED("[pool]\nconfig = \"max_split:7\"\n", "'pool.config'");

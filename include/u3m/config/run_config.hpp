@@ -58,9 +58,8 @@ struct RunConfig {
     std::optional<unsigned> horizon;
   } predictor;  // [predictor]
   struct {
-    std::optional<std::string> policy;    // serving KV policy
-    std::optional<std::string> eviction;  // lru | lfu | pgdsf
-  } kv;                                   // [kv]
+    std::optional<std::string> policy;  // serving KV policy
+  } kv;                                 // [kv]
 
   // The file's values in its own shape; unset fields are left out.
   nlohmann::json to_json() const;
