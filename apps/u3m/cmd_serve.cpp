@@ -6,6 +6,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -347,7 +348,7 @@ void add_serve_commands(CLI::App& app) {
       "TPOT percentiles, goodput under the SLOs, KV hit rate, bytes per tier and link");
   add_common(sim, *a);
   sim->add_option("--kv-policy", a->policy,
-                  "hbm-only | u3m | u3m-tiered | u3m-dram | u3m-design | u3m-pgdsf")
+                  fmt::format("{}", fmt::join(experiments::serve_policy_names(), " | ")))
       ->capture_default_str();
   sim->add_option("--rate-scale", a->rate_scale,
                   "Divide arrival times by this (2 = twice the request rate)")
