@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "bindings.hpp"
+#include "policy_driver.hpp"
 #include "u3m/engine/engine.hpp"
 #include "u3m/engine/real_stack.hpp"
 #include "u3m/util/error.hpp"
@@ -190,6 +191,37 @@ PyLease make_lease(const std::shared_ptr<Runtime>& rt, const engine::Lease& l) {
   return PyLease{rt, l, false};
 }
 
+// A PolicyDriver over a Runtime's engine (policy_driver.hpp); it keeps the
+// runtime alive.
+struct PyDriver {
+  PyDriver(std::shared_ptr<Runtime> r, PolicyDriverOptions o)
+      : rt(std::move(r)), drv(rt->engine(), std::move(o)) {}
+  std::shared_ptr<Runtime> rt;
+  PolicyDriver drv;
+};
+
+trace::Phase parse_phase_arg(const std::string& s) {
+  const auto p = trace::parse_phase(s);
+  if (!p) input_error("phase", "expected forward, backward, optimizer or other, got '{}'", s);
+  return *p;
+}
+
+py::dict driver_stats(const PyDriver& d) {
+  const PolicyDriverStats& s = d.drv.stats();
+  py::dict out;
+  out["policy"] = d.drv.options().record ? d.drv.options().policy : std::string("none");
+  out["deciding"] = d.drv.policy() != nullptr;
+  out["steps"] = s.steps;
+  out["accesses"] = s.accesses;
+  out["policy_steps"] = s.policy_steps;
+  out["diverged"] = s.diverged;
+  out["policies"] = s.policies;
+  out["trace_ops"] = s.trace_ops;
+  out["policy_s"] = s.policy_s;
+  out["build_s"] = s.build_s;
+  return out;
+}
+
 }  // namespace
 
 // The SSD store's checks and the faults injected under it (issue 14).
@@ -368,6 +400,7 @@ void bind_runtime(py::module_& m) {
             return d;
           },
           py::arg("id"), "Where the tensor's latest data is, or None if not registered.")
+      .def("set_observer", [](Runtime& r, engine::RunObserver* o, int card) { r.engine().set_observer(o, card); }, py::arg("observer"), py::arg("card") = 0, py::keep_alive<1, 2>(), "Reports transfers and tier use to a Metrics, Timeline or Observers (None: stop); bind_metrics.cpp")
       .def("stats",
            [](Runtime& r) {
              py::dict d = stats_dict(r.engine().stats());
@@ -403,6 +436,76 @@ void bind_runtime(py::module_& m) {
             return tier_report(r.engine().monitor(parse_tier(tier, true)));
           },
           py::arg("tier") = "device");
+
+  py::class_<PyDriver>(
+      m, "PolicyDriver",
+      "Engine accesses of u3m.torch.offload, recorded online, with a tiering policy of "
+      "tiering_policies() deciding prefetch, eviction order and op tiers (Note [Policy on a real "
+      "run] in src/python/policy_driver.hpp).")
+      .def(py::init([](const std::shared_ptr<Runtime>& rt, const std::string& policy,
+                       unsigned lookahead, bool host_optimizer, unsigned repeats, bool record) {
+             PolicyDriverOptions o;
+             o.policy = policy;
+             o.lookahead = lookahead;
+             o.host_optimizer = host_optimizer;
+             o.repeats = repeats;
+             o.record = record;
+             o.has_ssd = rt->has_ssd();
+             return std::make_unique<PyDriver>(rt, o);
+           }),
+           py::arg("runtime"), py::arg("policy") = "u3m", py::arg("lookahead") = 4,
+           py::arg("host_optimizer") = false, py::arg("repeats") = 0, py::arg("record") = true)
+      .def(
+          "add",
+          [](PyDriver& d, TensorId id, std::uint64_t bytes, const std::string& name,
+             const std::string& role) {
+            const auto r = trace::parse_role(role);
+            if (!r) input_error("role", "unknown tensor role '{}'", role);
+            const mem::Status s = d.drv.add(id, bytes, name, *r);
+            if (!mem::ok(s)) fail("add", id, s);
+          },
+          py::arg("id"), py::arg("nbytes"), py::arg("name"), py::arg("role"))
+      .def(
+          "remove",
+          [](PyDriver& d, TensorId id) {
+            const mem::Status s = d.drv.remove(id);
+            if (s == mem::Status::busy) return false;
+            if (!mem::ok(s)) fail("remove", id, s);
+            return true;
+          },
+          py::arg("id"), "As Runtime.remove; the free is recorded once.")
+      .def(
+          "acquire",
+          [](PyDriver& d, TensorId id, const std::string& access, const std::string& phase) {
+            const Access a = parse_access(access);
+            const trace::Phase ph = parse_phase_arg(phase);
+            const Tier t = d.drv.tier(ph);
+            const TensorId e = d.drv.engine_id(id);
+            if (e == 0) fail("acquire", id, mem::Status::not_found);
+            engine::Lease l;
+            // Without blocking first, so the demand fetch is queued at once.
+            mem::Status s = d.rt->engine().try_acquire(e, t, a, &l);
+            if (s == mem::Status::busy) {
+              py::gil_scoped_release nogil;
+              s = d.rt->engine().acquire(e, t, a, &l);
+            }
+            if (!mem::ok(s)) fail("acquire", id, s);
+            d.drv.accessed(id, a == Access::write, ph);
+            return make_lease(d.rt, l);
+          },
+          py::arg("id"), py::arg("access") = "read", py::arg("phase") = "other",
+          "Leases the tensor in the tier the policy runs `phase` in, then lets the policy decide.")
+      .def("end_step", [](PyDriver& d) { d.drv.end_step(); }, "A training step ended.")
+      .def(
+          "engine_id",
+          [](const PyDriver& d, TensorId id) {
+            const TensorId e = d.drv.engine_id(id);
+            if (e == 0) input_error("engine_id", "tensor {} was never added", id);
+            return e;
+          },
+          py::arg("id"), "The id the Runtime knows an added tensor by (for Runtime calls).")
+      .def_property_readonly("policy", [](const PyDriver& d) { return d.drv.options().policy; })
+      .def("stats", &driver_stats);
 }
 
 }  // namespace u3m::python
