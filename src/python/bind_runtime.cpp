@@ -1,8 +1,11 @@
 // Bindings of the runtime (issue 7): an Engine on the real backends (emulated
 // device, host, optional SSD store) with a device budget, and leases that
 // Python sees as buffers (torch.frombuffer maps them without a copy).
+#include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include <fmt/format.h>
@@ -204,6 +207,43 @@ trace::Phase parse_phase_arg(const std::string& s) {
   const auto p = trace::parse_phase(s);
   if (!p) input_error("phase", "expected forward, backward, optimizer or other, got '{}'", s);
   return *p;
+}
+
+// What the online recorder costs per access, timed in C++ (bench/torch_offload_cost.py): what
+// PolicyDriver::accessed does to record (the id's index, a clock read, the append), over
+// `steps` steps of `tensors` accesses each, with end_step between them.
+py::dict recorder_cost(std::uint64_t tensors, std::uint64_t steps) {
+  if (tensors == 0 || steps == 0) input_error("recorder_cost", "tensors and steps must be > 0");
+  using Clock = std::chrono::steady_clock;
+  OnlineRecorder rec;
+  std::vector<std::uint64_t> ids(tensors);
+  for (std::uint64_t i = 0; i < tensors; ++i) {
+    ids[i] = trace::stable_id(fmt::format("act.{}", i));
+    rec.tensor(ids[i], fmt::format("act.{}", i), 4096, trace::Role::activation);
+  }
+  // Thread CPU time too: on a loaded machine the wall clock counts time the thread waited.
+  auto cpu_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+  };
+  const double c0 = cpu_ns();
+  const auto t0 = Clock::now();
+  for (std::uint64_t s = 0; s < steps; ++s) {
+    for (std::uint64_t i = 0; i < tensors; ++i) {
+      const std::int64_t t = rec.index_of(ids[i]);
+      const auto now = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
+      rec.access(static_cast<std::uint32_t>(t), (i & 1) != 0, trace::Phase::forward, now);
+    }
+    rec.end_step(static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
+  }
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  const double cpu = cpu_ns() - c0;
+  py::dict d;
+  d["ns_per_access"] = ns / static_cast<double>(tensors * steps);
+  d["cpu_ns_per_access"] = cpu / static_cast<double>(tensors * steps);
+  d["accesses"] = rec.recorded();
+  return d;
 }
 
 py::dict driver_stats(const PyDriver& d) {
@@ -506,6 +546,8 @@ void bind_runtime(py::module_& m) {
           py::arg("id"), "The id the Runtime knows an added tensor by (for Runtime calls).")
       .def_property_readonly("policy", [](const PyDriver& d) { return d.drv.options().policy; })
       .def("stats", &driver_stats);
+  m.def("recorder_cost", &recorder_cost, py::arg("tensors") = 1000, py::arg("steps") = 1000,
+        "ns per access of the online recorder, timed in C++ (a benchmark's figure).");
 }
 
 }  // namespace u3m::python
