@@ -163,9 +163,13 @@ def summary(kind, d):
                 "track(s)"]
     if kind == "plan_cost":
         c = d["cheapest"]
-        what = (f"{c['name']} at {c['cost'] / 1e6:.2f} M {d['currency']}" if c and
-                c.get("cost") is not None else "none priced meets it")
-        return [f"cost plan for {d['target']} [{d['label']}]: cheapest {what}"]
+        if not c:
+            what = "none meets it"
+        elif c.get("cost") is None:
+            what = f"{c['name']} (unpriced: the card's price was not found)"
+        else:
+            what = f"{c['name']} at {c['cost'] / 1e6:.2f} M {d['currency']}"
+        return [f"cost plan for {d['target']} [{d['label']}]: cheapest {what}"] + d["design"]
     return []
 
 
