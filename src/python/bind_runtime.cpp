@@ -97,6 +97,13 @@ class EngineError : public std::runtime_error {
   throw EngineError(fmt::format("{}(tensor {}): {}", call, id, mem::to_string(s)));
 }
 
+// remove()'s answer: false while the tensor is busy (call again), else done or an EngineError.
+bool removed(TensorId id, mem::Status s) {
+  if (s == mem::Status::busy) return false;
+  if (!mem::ok(s)) fail("remove", id, s);
+  return true;
+}
+
 Tier parse_tier(const std::string& s, bool ssd_ok) {
   if (s == "device") return Tier::device;
   if (s == "host") return Tier::host;
@@ -353,12 +360,7 @@ void bind_runtime(py::module_& m) {
           py::arg("id"), py::arg("nbytes"), "Registers a tensor of nbytes (> 0) with no data yet.")
       .def(
           "remove",
-          [](Runtime& r, TensorId id) {
-            const mem::Status s = r.engine().remove(id);
-            if (s == mem::Status::busy) return false;
-            if (!mem::ok(s)) fail("remove", id, s);
-            return true;
-          },
+          [](Runtime& r, TensorId id) { return removed(id, r.engine().remove(id)); },
           py::arg("id"), "Forgets a tensor; False (and nothing done) while it is leased or moving.")
       .def(
           "acquire",
@@ -507,12 +509,7 @@ void bind_runtime(py::module_& m) {
           py::arg("id"), py::arg("nbytes"), py::arg("name"), py::arg("role"))
       .def(
           "remove",
-          [](PyDriver& d, TensorId id) {
-            const mem::Status s = d.drv.remove(id);
-            if (s == mem::Status::busy) return false;
-            if (!mem::ok(s)) fail("remove", id, s);
-            return true;
-          },
+          [](PyDriver& d, TensorId id) { return removed(id, d.drv.remove(id)); },
           py::arg("id"), "As Runtime.remove; the free is recorded once.")
       .def(
           "acquire",
