@@ -2,6 +2,7 @@
 import base64
 import html
 import io
+import os
 
 
 def _mpl():
@@ -95,7 +96,7 @@ def predict_figures(d):
         ax.set_ylim(0, 105)
         ax.set_ylabel("%")
         ax.legend(fontsize=7, ncol=3)
-        out.append(("Prediction accuracy per job", label, _png(fig)))
+        out.append((f"Prediction accuracy per job: {os.path.basename(trace)}", label, _png(fig)))
     return out
 
 
@@ -159,8 +160,9 @@ def summary(kind, d):
                          f"{100 * p['recall_known']:.1f}% over {len(p['jobs'])} job(s)")
         return lines
     if kind == "timeline":
-        return [f"timeline [{d['label']}]: {d['events']} events, {len(d['series'])} counter "
-                "track(s)"]
+        n = len(d["series"])
+        return [f"timeline [{d['label']}]: {d['events']} events, {n} counter track(s)" +
+                ("" if n else " (no tier occupancy recorded: nothing to plot)")]
     if kind == "plan_cost":
         c = d["cheapest"]
         if not c:
