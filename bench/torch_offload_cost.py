@@ -12,7 +12,8 @@ min..max over runs. Figures are wall clock measured on the machine this runs on.
 The recorder's own cost is timed in C++ per access (u3m._core.recorder_cost; the difference
 of two Python-timed loops with the recorder on and off is below this machine's noise), then
 given as a fraction of each model's step: ns per access x accesses per step / the untiered
-step time. The models' ops take 100 us or more, so Python overhead is not all this measures.
+step time. The models' matmuls and convolutions take 100 us or more, so Python overhead is not all
+this measures.
 
     PYTHONPATH=build/torch/python:python /usr/bin/python3 bench/torch_offload_cost.py
     ... --models llama,lstm --policies u3m,lookahead --runs 5 --json
@@ -35,7 +36,8 @@ from u3m_capture.model import Decoder, ModelConfig, lm_loss
 
 
 # ------------------------------------------------------------------------------- the models
-# Sized so their ops take about 100 us or more on a 2-core VM core (batch x seq x d >= 64k).
+# Sized so their matmuls and convolutions take 100 us or more each on one core of the 2-core VM
+# (elementwise and norm ops are shorter).
 def llama():
     cfg = ModelConfig(vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
                       ffn_hidden=344, max_seq_len=64)
