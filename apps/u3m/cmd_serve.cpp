@@ -8,15 +8,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
-#include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
 #include "commands.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/experiments/serve.hpp"
-#include "u3m/sim/profile_json.hpp"
+#include "u3m/experiments/serve_json.hpp"
 #include "u3m/util/error.hpp"
-#include "u3m/util/version.hpp"
 #include "u3m/workload/rag.hpp"
 
 namespace u3m::cli {
@@ -68,105 +66,9 @@ experiments::ServeScenario scenario(const ServeArgs& a) {
   return s;
 }
 
-std::string label(const experiments::ServeScenario& s) {
-  return fmt::format("simulated (profile {}, model {}, cards {})", s.hw.name, s.shape.name,
-                     s.cards);
-}
-
-nlohmann::json scenario_json(const experiments::ServeScenario& s) {
-  const experiments::ServeSlo slo = s.effective_slo();
-  const auto& front = s.requests.front();
-  return {{"requests", s.requests_label},
-          {"request_count", s.requests.size()},
-          {"model", s.shape.name},
-          {"hw", s.hw.name},
-          {"cards", s.cards},
-          {"tensor_parallel", s.cards},
-          {"rate_scale", s.rate_scale},
-          {"slo",
-           {{"ttft_ms", slo.ttft_ms},
-            {"ttft_prefill_factor", slo.ttft_prefill_factor},
-            {"ttft_rule",
-             "a request's TTFT SLO is max(ttft_ms, ttft_prefill_factor x its "
-             "unloaded prefill)"},
-            {"tpot_ms", slo.tpot_ms},
-            {"meets", fmt::format(">= {:g}% of requests meet both", 100 * s.meet_fraction)}}},
-          {"unloaded_prefill_ms_first_request",
-           1e3 * experiments::prefill_seconds(s, front.prompt_tokens())},
-          {"unloaded_decode_step_ms_first_request",
-           1e3 * experiments::decode_step_seconds(s, front.prompt_tokens())},
-          {"block_tokens", s.block_tokens},
-          {"layers_per_group", s.layers_per_group},
-          {"max_batch_tokens", s.max_batch_tokens},
-          {"max_running", s.max_running},
-          {"hbm_utilization", s.hbm_utilization},
-          {"dram_kv_fraction", s.dram_kv_fraction},
-          {"ssd_bytes_per_card", s.ssd_bytes_per_card},
-          {"spill_rate_bytes_per_s", s.spill_rate},
-          {"spread_ties", s.spread_ties},
-          {"figures", label(s)},
-          {"version", kVersion}};
-}
-
-nlohmann::json pct(const experiments::Percentiles& p) {
-  return {{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}};
-}
-
-nlohmann::json result_json(const experiments::ServeResult& r) {
-  static const char* tiers[] = {"hbm", "dram", "ssd"};
-  static const char* links[] = {"d2h", "h2d", "h2s", "s2h"};
-  nlohmann::json by_tier, by_link;
-  for (int t = 0; t < kv::kTiers; ++t)
-    by_tier[tiers[t]] = {{"capacity", r.capacity_bytes[t]}, {"peak", r.peak_bytes[t]}};
-  for (int l = 0; l < 4; ++l)
-    by_link[links[l]] = {{"bytes", r.links[l].bytes},
-                         {"transfers", r.links[l].transfers},
-                         {"busy_s", r.links[l].busy_s}};
-  by_link["peer"] = {{"bytes_per_card", r.peer.bytes}, {"transfers", r.peer.transfers}};
-  const kv::KvStats& k = r.kv;
-  return {
-      {"goodput_rps", r.goodput_rps},
-      {"throughput_rps", r.throughput_rps},
-      {"met_fraction", r.met_fraction},
-      {"ttft_ms", pct(r.ttft_ms)},
-      {"tpot_ms", pct(r.tpot_ms)},
-      {"kv_hit_rate", r.kv_hit_rate},
-      {"recomputed_share_of_hits", r.recomputed_share},
-      {"max_concurrency", r.max_concurrency},
-      {"bytes_by_tier", by_tier},
-      {"bytes_by_link", by_link},
-      {"requests", r.requests},
-      {"finished", r.finished},
-      {"too_large", r.too_large},
-      {"met", r.met},
-      {"stopped_early", r.stopped_early},
-      {"span_s", r.span_s},
-      {"makespan_s", r.makespan_s},
-      {"iterations", r.iterations},
-      {"busy_s", r.busy_s},
-      {"kv_stream_wait_s", r.kv_wait_s},
-      {"queue",
-       {{"queued", k.queued},
-        {"peak_queue", k.peak_queue},
-        {"refused_queue_full_retried", r.retried_submits},
-        {"admitted", k.admitted}}},
-      {"spilled_bytes", r.spilled_bytes},
-      {"alerts", r.alerts},
-      {"first_alert_s", r.first_alert_s},
-      {"promoted_slots", {{"from_dram", k.promoted_host_slots}, {"from_ssd", k.promoted_slots}}},
-      {"hits_by_tier_blocks",
-       {{"hbm", k.hit_blocks_by_tier[0]},
-        {"dram", k.hit_blocks_by_tier[1]},
-        {"ssd", k.hit_blocks_by_tier[2]}}},
-      {"slo",
-       {{"ttft_ms", r.slo.ttft_ms},
-        {"ttft_prefill_factor", r.slo.ttft_prefill_factor},
-        {"tpot_ms", r.slo.tpot_ms}}}};
-}
-
 void print_header(const experiments::ServeScenario& s) {
   const experiments::ServeSlo slo = s.effective_slo();
-  fmt::print("{}; not measured\n", label(s));
+  fmt::print("{}; not measured\n", experiments::serve_label(s));
   fmt::print("  requests: {} ({} requests)\n", s.requests_label, s.requests.size());
   fmt::print(
       "  SLOs: TTFT <= {:g} ms{}, TPOT <= {:g} ms; meets = >= {:g}% of requests meet both "
@@ -197,14 +99,14 @@ void print_row(const std::string& name, const experiments::ServeResult& r) {
 
 void print_detail(const experiments::ServeResult& r) {
   auto gb = [](double b) { return fmt::format("{:.1f} GB", b / 1e9); };
-  fmt::print("    {}: KV HBM {} (peak {}), DRAM {} (peak {}), SSD {} (peak {})\n", r.policy,
+  fmt::print("    {}: KV device (HBM) {} (peak {}), host (DRAM) {} (peak {}), ssd {} (peak {})\n", r.policy,
              gb(double(r.capacity_bytes[0])), gb(double(r.peak_bytes[0])),
              gb(double(r.capacity_bytes[1])), gb(double(r.peak_bytes[1])),
              gb(double(r.capacity_bytes[2])), gb(double(r.peak_bytes[2])));
   fmt::print(
       "      links: d2h {}, h2d {}, h2s {}, s2h {}; waited for DRAM KV {:.2f} s of {:.2f} s busy; "
-      "hits by tier (blocks) HBM {} DRAM {} SSD {}, {:.0f}% of hits recomputed; slots promoted "
-      "from DRAM {}, from SSD {}; spilled {}, alerts {}\n",
+      "hits by tier (blocks) device {} host {} ssd {}, {:.0f}% of hits recomputed; slots promoted "
+      "from host {}, from ssd {}; spilled {}, alerts {}\n",
       gb(double(r.links[0].bytes)), gb(double(r.links[1].bytes)), gb(double(r.links[2].bytes)),
       gb(double(r.links[3].bytes)), r.kv_wait_s, r.busy_s, r.kv.hit_blocks_by_tier[0],
       r.kv.hit_blocks_by_tier[1], r.kv.hit_blocks_by_tier[2], 100 * r.recomputed_share,
@@ -221,11 +123,8 @@ void run_sim(const ServeArgs& a) {
   const experiments::ServeResult r = experiments::simulate_serving(s);
   if (tty(a)) fmt::print(stderr, "\r\033[K");
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)},
-                        {"profile", sim::profile_json(s.hw)},
-                        {"config", a.config_used}};
-    j["scenario"]["kv_policy"] = s.policy;
-    j["policies"][s.policy] = result_json(r);
+    nlohmann::json j = experiments::serve_sim_json(s, r);
+    j["config"] = a.config_used;
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -251,24 +150,8 @@ void run_capacity(const ServeArgs& a) {
   for (const auto& r : rows)
     if (r.policy == "hbm-only") base_goodput = r.at.goodput_rps;
   if (a.json) {
-    nlohmann::json j = {{"scenario", scenario_json(s)},
-                        {"profile", sim::profile_json(s.hw)},
-                        {"config", a.config_used}};
-    j["scenario"].erase("rate_scale");
-    j["scenario"]["search"] = "highest arrival-rate scale meeting the SLOs (docs/serving.md)";
-    j["policies"] = nlohmann::json::object();
-    for (const auto& r : rows) {
-      nlohmann::json p = result_json(r.at);
-      p["rate_scale"] = r.rate_scale;
-      p["rate_rps"] = r.rate_rps;
-      p["goodput_vs_hbm_only"] = base_goodput > 0 ? nlohmann::json(r.at.goodput_rps / base_goodput)
-                                                  : nlohmann::json(nullptr);  // no baseline run
-      nlohmann::json tried = nlohmann::json::array();
-      for (const auto& [scale, met] : r.tried)
-        tried.push_back({{"rate_scale", scale}, {"met_fraction", met}});
-      p["tried"] = tried;
-      j["policies"][r.policy] = p;
-    }
+    nlohmann::json j = experiments::serve_capacity_json(s, rows);
+    j["config"] = a.config_used;
     fmt::print("{}\n", j.dump(2));
     return;
   }

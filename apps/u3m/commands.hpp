@@ -19,5 +19,7 @@ void add_bench_copy_command(CLI::App& bench);   // cmd_bench_copy.cpp (device-em
 void add_bench_ssd_command(CLI::App& bench);    // cmd_bench_ssd.cpp (SSD store)
 void add_bench_alloc_command(CLI::App& bench);  // cmd_bench_alloc.cpp (pool allocator)
 void add_doctor_command(CLI::App& app);         // cmd_doctor.cpp: doctor (what this machine offers)
+void add_report_command(CLI::App& app);         // cmd_report.cpp: report (plots, HTML; python/u3m_report)
+void add_plan_commands(CLI::App& app);          // cmd_plan.cpp: plan cost (cheapest hardware for a target)
 
 }  // namespace u3m::cli

@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
   u3m::cli::add_hw_commands(app);
   u3m::cli::add_requests_commands(app);
   u3m::cli::add_doctor_command(app);
+  u3m::cli::add_report_command(app);
+  u3m::cli::add_plan_commands(app);
   check_numbers(&app);  // Note [Numeric flags]
   try {
     app.parse(argc, argv);

@@ -80,17 +80,22 @@ every parameter (trainable or frozen), its gradient and its optimizer state
   first step) or by load_state_dict moves into the engine.
 - Checkpoints: model.state_dict() (a state-dict hook) and optimizer.state_dict()
   return materialised copies; load_state_dict writes through the guard.
-- Prefetch: driven by the access order recorded in the previous step (the
-  first step records, each later step replays and re-records): every acquire
-  finds its place in that order and prefetches the tensors that follow, up to
-  `lookahead_bytes` ahead (DeepSpeed ZeRO-3's trace-replay scheme, not u3m-seq).
+- Decisions: a tiering policy of u3m's one list (policy::tiering_policies(),
+  the objects `train sim` and `run replay` drive; `policy=`, default
+  DEFAULT_POLICY) decides prefetch, demotion, the eviction order (published
+  victim scores) and the tier each phase's accesses lease in. Python keeps only
+  the hooks: every engine access goes through _core.PolicyDriver, which records
+  it in C++ (Note [Online recording] in src/python/online_recorder.hpp) and,
+  once the access holds its lease, runs the policy's on_step for it (Note
+  [Policy on a real run] in src/python/policy_driver.hpp). The first step runs
+  under the engine's LRU with demand fetches only; its recording is the trace
+  the policy is made for.
 - What the budget does not cover: transient compute memory (a module's
   outputs until autograd saves or frees them, unpacked activation copies during
   a backward node, the loss computed outside the model's forward).
 """
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
 import os
@@ -106,14 +111,17 @@ from . import _core
 
 
 
+# A read lease is a read-only buffer and torch, which has no read-only tensors, warns about it;
+# the offload never writes through one, so the warning is silenced for this module's calls only
+# (the filter matches the module the warning is attributed to), not for the user's own code.
+# Once at import: a catch_warnings() per call cost ~8 us a lease.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning,
+                        module=r"u3m\.torch$")
+
+
 def _frombuffer(lease, dtype):
-    """torch.frombuffer over a lease. A read lease is a read-only buffer and torch, which has no
-    read-only tensors, warns about it; the offload never writes through one, so the warning is
-    silenced here only, not for the user's own code."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable",
-                                category=UserWarning)
-        return torch.frombuffer(lease, dtype=dtype)
+    """torch.frombuffer over a lease (no copy)."""
+    return torch.frombuffer(lease, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +245,26 @@ def _recompute_kind() -> str:
     return "hooked"
 
 
+# The tiering policy offload runs by default: the best of policy::tiering_policies() on this path,
+# by measurement (docs/pytorch.md, bench/torch_offload_cost.py).
+DEFAULT_POLICY = "u3m"
+
+
+_AUTOGRAD_FILE = torch.autograd.__file__
+
+
+def _under_autograd() -> bool:
+    """Whether torch.autograd.backward or .grad is on the Python stack: a backward started from
+    Python runs under one of them. Asked before queue_callback, whose refusal outside backward
+    costs a C++ exception with a backtrace (~0.8 ms measured on the 2-core VM, per unit entered)."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_filename == _AUTOGRAD_FILE:
+            return True
+        f = f.f_back
+    return False
+
+
 class OffloadError(_core.EngineError):
     """A managed tensor could not be served (it names the parameter); an EngineError."""
 
@@ -342,11 +370,13 @@ class _Slot:
     entry); `base` is a plain tensor on the same storage. Freed, the storage has zero bytes and
     the shape lives on as metadata; gathered, it holds a copy of the engine bytes while a read
     lease keeps them on the device."""
-    __slots__ = ("off", "tid", "name", "face", "base", "size", "stride", "span", "dtype", "nbytes",
-                 "lease", "holds", "ver", "dirty", "ptr")
+    __slots__ = ("off", "tid", "tname", "role", "name", "face", "base", "size", "stride", "span",
+                 "dtype", "nbytes", "lease", "holds", "ver", "dirty", "ptr")
 
-    def __init__(self, off: "Offload", tid: int, name: str, like: torch.Tensor, face_of=None):
-        self.off, self.tid, self.name = off, tid, name
+    def __init__(self, off: "Offload", tname: str, role: str, name: str, like: torch.Tensor,
+                 face_of=None):
+        # tname: the engine's and the recorder's name, the same in every step; role: its trace role.
+        self.off, self.tid, self.tname, self.role, self.name = off, _core.stable_id(tname), tname, role, name
         self.size, self.stride, self.dtype = like.shape, like.stride(), like.dtype
         self.span = _span(like)
         self.nbytes = self.span * like.element_size()
@@ -389,53 +419,9 @@ class _Param:
     def __init__(self, off: "Offload", p: torch.nn.Parameter, name: str, in_opt: bool):
         self.p, self.name, self.cls, self.in_opt = p, name, type(p), in_opt
         self.trainable = p.requires_grad
-        self.w = _Slot(off, _core.stable_id(f"param.{name}"), f"parameter {name!r}", p, face_of=p)
-        self.g = _Slot(off, _core.stable_id(f"grad.{name}"), f"gradient of {name!r}", p)
+        self.w = _Slot(off, f"param.{name}", "param", f"parameter {name!r}", p, face_of=p)
+        self.g = _Slot(off, f"grad.{name}", "grad", f"gradient of {name!r}", p)
         self.state: Dict[str, _Slot] = {}
-
-
-class _OrderPrefetcher:
-    """Prefetch by the order of the previous step's acquires (Note [Offload design], Prefetch)."""
-
-    def __init__(self, rt: "_core.Runtime", lookahead_bytes: int, sizes: Dict[int, int], live: set):
-        self.rt, self.lookahead, self.sizes, self.live = rt, lookahead_bytes, sizes, live
-        self.prev: List[int] = []
-        self.pos: Dict[int, List[int]] = {}
-        self.cur: List[int] = []
-        self.cursor = 0
-        self.issued = 0
-        self.prefetches = 0
-        self.diverged = 0  # acquires not found ahead in the previous order
-
-    def on_acquire(self, tid: int) -> None:
-        self.cur.append(tid)
-        if not self.prev:
-            return
-        if self.cursor < len(self.prev) and self.prev[self.cursor] == tid:
-            self.cursor += 1
-        else:
-            at = self.pos.get(tid)
-            k = bisect.bisect_left(at, self.cursor) if at else 0
-            if not at or k == len(at):
-                self.diverged += 1
-                return
-            self.cursor = at[k] + 1
-        ahead, i = 0, self.cursor
-        while i < len(self.prev) and ahead < self.lookahead:
-            x = self.prev[i]
-            ahead += self.sizes.get(x, 0)
-            if i >= self.issued and x in self.live:
-                self.rt.prefetch(x, "device")
-                self.prefetches += 1
-            i += 1
-        self.issued = max(self.issued, i)
-
-    def end_step(self) -> None:
-        self.prev, self.cur = self.cur, []
-        self.pos = {}
-        for i, x in enumerate(self.prev):
-            self.pos.setdefault(x, []).append(i)
-        self.cursor = self.issued = 0
 
 
 def size_policy(unit_bytes: int) -> Callable[[str, torch.nn.Module, int], bool]:
@@ -462,7 +448,7 @@ class Offload:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  budget_bytes: Optional[int] = None, budget_fraction: Optional[float] = None,
-                 host_bytes: Optional[int] = None, lookahead_bytes: Optional[int] = None,
+                 host_bytes: Optional[int] = None, policy: str = DEFAULT_POLICY, lookahead: int = 16,
                  offload_activations: bool = True, ssd_dir: str = "", ssd_bytes: int = 0,
                  ssd_faults: str = "", unit_policy: Optional[Callable] = None,
                  unit_bytes: Optional[int] = None):
@@ -480,7 +466,6 @@ class Offload:
             if pid not in names:
                 raise ValueError("u3m.torch.offload: the optimizer holds a parameter the model does not")
         self._live: set = set()  # engine ids registered now
-        self._sizes: Dict[int, int] = {}
         self.params: List[_Param] = []
         self._by_tensor: Dict[int, _Param] = {}
         for n, p in named:
@@ -517,8 +502,8 @@ class Offload:
         self._pushed: List[bool] = []  # per active unit: did it push the saved-tensor hooks
         self._units_held: List[Optional[_Unit]] = []  # per active unit call
         self._hooks_pushed = False
-        self.prefetcher = _OrderPrefetcher(self.rt, lookahead_bytes or budget_bytes // 4, self._sizes,
-                                           self._live)
+        # The tiering policy decides prefetch, eviction order and op tiers (Note [Offload design]).
+        self.drv = _core.PolicyDriver(self.rt, policy, lookahead=lookahead, record=policy != "none")
         self.steps = 0
         self.saved_bytes = 0  # activation bytes copied into the engine
         self.faults = 0  # gathers of a tensor used outside its unit
@@ -529,8 +514,8 @@ class Offload:
             for r in self.params:
                 if r.trainable:
                     accs[id(r.p)] = r.p.expand_as(r.p).grad_fn.next_functions[0][0]
-                self._register(r.w.tid, r.w.nbytes)
-                lease = self.rt.acquire(r.w.tid, "device", "write")
+                self._register(r.w)
+                lease = self.rt.acquire(self.drv.engine_id(r.w.tid), "device", "write")
                 r.w.view(lease).copy_(r.p.data)
                 self.rt.release(lease)
                 r.p.data = r.w.base  # the parameter's one storage, now zero bytes
@@ -589,43 +574,44 @@ class Offload:
         return units
 
     # ---------------------------------------------------------------- engine helpers
-    def _register(self, tid: int, nbytes: int) -> None:
+    def _register(self, s, tid: Optional[int] = None, nbytes: int = 0, name: str = "",
+                  role: str = "") -> None:
+        """Registers a slot (or, with s None, a saved activation) with the engine through the driver."""
+        if s is not None:
+            tid, nbytes, name, role = s.tid, s.nbytes, s.tname, s.role
         if tid in self._deferred:  # its earlier life is still being removed: let that finish
             self.rt.drain()
             self._retry_drops()
-        self.rt.add(tid, nbytes)
-        self._sizes[tid] = nbytes
+        self.drv.add(tid, nbytes, name, role)
         self._live.add(tid)
 
     def _drop(self, tid: int) -> None:
         self._live.discard(tid)
-        if not self.rt.remove(tid):
+        if not self.drv.remove(tid):
             self._deferred.append(tid)  # a write-back still in flight; retried later
 
     def _retry_drops(self) -> None:
         if self._deferred:
-            self._deferred = [t for t in self._deferred if not self.rt.remove(t)]
+            self._deferred = [t for t in self._deferred if not self.drv.remove(t)]
 
-    def _acquire(self, tid: int, access: str) -> "_core.Lease":
-        # Ask without blocking first so the demand fetch is queued before the prefetches.
-        lease = self.rt.try_acquire(tid, "device", access)
-        self.prefetcher.on_acquire(tid)
-        return lease if lease is not None else self.rt.acquire(tid, "device", access)
+    def _acquire(self, tid: int, access: str, phase: str) -> "_core.Lease":
+        # The driver leases it in the tier the policy runs the phase in, then the policy decides.
+        return self.drv.acquire(tid, access, phase)
 
-    def _acquire_named(self, s: _Slot, access: str) -> "_core.Lease":
+    def _acquire_named(self, s: _Slot, access: str, phase: str = "forward") -> "_core.Lease":
         try:
-            return self._acquire(s.tid, access)
+            return self._acquire(s.tid, access, phase)
         except _core.EngineError as e:
             raise OffloadError(f"u3m.torch.offload: cannot bring the {s.name} ({s.nbytes} bytes) onto "
                                f"the device (budget {self.budget_bytes} bytes): {e}") from e
 
     # ---------------------------------------------------------------- gather and free
-    def _hold(self, s: _Slot) -> None:
+    def _hold(self, s: _Slot, phase: str = "forward") -> None:
         """One more holder of s; the first one copies the engine bytes into its storage."""
         if s.lease is None:
             if s.tid not in self._live:
                 raise OffloadError(f"u3m.torch.offload: the {s.name} has no data (freed or never written)")
-            lease = self._acquire_named(s, "read")
+            lease = self._acquire_named(s, "read", phase)
             s.base.storage().resize_(s.span)
             s.flat().copy_(_frombuffer(lease, s.dtype))
             s.lease, s.ptr, s.dirty = lease, s.base.data_ptr(), False
@@ -641,14 +627,14 @@ class Offload:
         del self._gathered[s.ptr]
         self.rt.release(lease)
         if s.dirty or s.face._version != s.ver:  # written while gathered: back into the engine
-            w = self._acquire_named(s, "write")
+            w = self._acquire_named(s, "write", "other")
             _frombuffer(w, s.dtype).copy_(s.flat())
             self.rt.release(w)
         s.base.storage().resize_(0)
 
-    def _hold_in(self, group: Dict[_Slot, None], s: _Slot) -> None:
+    def _hold_in(self, group: Dict[_Slot, None], s: _Slot, phase: str = "forward") -> None:
         if s not in group:
-            self._hold(s)
+            self._hold(s, phase)
             group[s] = None
 
     def _flush(self, group: Dict[_Slot, None]) -> None:
@@ -663,6 +649,8 @@ class Offload:
         """True inside a backward pass (then the end-of-backward callback is queued)."""
         if self._cb_queued:
             return True
+        if not _under_autograd():
+            return False
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
         except RuntimeError:
@@ -680,7 +668,7 @@ class Offload:
         """A managed tensor used outside its unit: gathered now, freed at the next boundary."""
         self.faults += 1
         if torch.is_grad_enabled() and self._in_backward():
-            self._hold_in(self._bwd_end, s)  # a recompute's raw saves may alias it
+            self._hold_in(self._bwd_end, s, "backward")  # a recompute's raw saves may alias it
             return
         if s in self._loose:
             return
@@ -689,7 +677,7 @@ class Offload:
             del self._loose[old]
             self._loose_bytes -= old.nbytes
             self._unhold(old)
-        self._hold_in(self._loose, s)
+        self._hold_in(self._loose, s, "other")
         self._loose_bytes += s.nbytes
 
     @contextlib.contextmanager
@@ -704,7 +692,7 @@ class Offload:
                 s = getattr(t, "_u3m_slot", None)
                 if s is None or s.off is not self:
                     raise ValueError("u3m.torch.offload: gathered() takes tensors this offload manages")
-                self._hold(s)
+                self._hold(s, "other")
                 slots.append(s)
         try:
             yield
@@ -844,8 +832,8 @@ class Offload:
                 k += 1
                 tid = _core.stable_id(f"{name}~{k}")
             nbytes = span * t.element_size()
-            self._register(tid, nbytes)
-            lease = self._acquire(tid, "write")
+            self._register(None, tid, nbytes, name if k == 0 else f"{name}~{k}", "activation")
+            lease = self._acquire(tid, "write", "backward" if self._cb_queued else "forward")
             flat = t.detach().as_strided((span,), (1,), t.storage_offset())  # no autograd for the copy
             _frombuffer(lease, t.dtype).copy_(flat)
             self.rt.release(lease)
@@ -858,9 +846,9 @@ class Offload:
         with _DTF():
             if isinstance(packed, _Ref):
                 # Gathered until the next node boundary: the node that unpacks it is running now.
-                self._hold_in(self._bwd if self._in_backward() else self._loose, packed.slot)
+                self._hold_in(self._bwd if self._in_backward() else self._loose, packed.slot, "backward")
                 return packed.t
-            lease = self._acquire(packed.id, "read")
+            lease = self._acquire(packed.id, "read", "backward")
             out = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype)
             out.as_strided((packed.span,), (1,), 0).copy_(_frombuffer(lease, packed.dtype))
             self.rt.release(lease)
@@ -871,12 +859,12 @@ class Offload:
         if r.g.lease is not None:
             raise OffloadError(f"u3m.torch.offload: the {r.g.name} is gathered while a new one arrives")
         if add and r.g.tid in self._live:  # gradient accumulation: add, as autograd would
-            lease = self._acquire_named(r.g, "write")
+            lease = self._acquire_named(r.g, "write", "backward")
             r.g.view(lease).add_(g)
         else:
             if r.g.tid not in self._live:
-                self._register(r.g.tid, r.g.nbytes)
-            lease = self._acquire_named(r.g, "write")
+                self._register(r.g)
+            lease = self._acquire_named(r.g, "write", "backward")
             r.g.view(lease).copy_(g)
         self.rt.release(lease)
         r.p.grad = r.g.face
@@ -916,7 +904,7 @@ class Offload:
                         self._drop_grad(r)
                         p.grad = None
                     else:
-                        lease = self._acquire_named(r.g, "write")
+                        lease = self._acquire_named(r.g, "write", "other")
                         r.g.view(lease).zero_()
                         self.rt.release(lease)
 
@@ -942,7 +930,7 @@ class Offload:
                 for g, ps in zip(groups, saved):
                     g["params"] = ps
         self.steps += 1
-        self.prefetcher.end_step()
+        self.drv.end_step()
         self._retry_drops()
 
     def _step_one(self, r: _Param) -> None:
@@ -950,11 +938,12 @@ class Offload:
         if r.w.lease is not None or r.g.lease is not None:
             raise OffloadError(f"u3m.torch.offload: optimizer step while the {r.w.name} is gathered")
         state = self.optimizer.state[r.p]
-        leases = [self._acquire_named(r.w, "write"), self._acquire_named(r.g, "read")]
+        leases = [self._acquire_named(r.w, "write", "optimizer"),
+                  self._acquire_named(r.g, "read", "optimizer")]
         r.p.data = r.w.view(leases[0])
         r.p.grad = r.g.view(leases[1])
         for key, s in r.state.items():
-            leases.append(self._acquire_named(s, "write"))
+            leases.append(self._acquire_named(s, "write", "optimizer"))
             state[key] = s.view(leases[-1])
         try:
             self._orig["step"]()
@@ -971,10 +960,10 @@ class Offload:
         for key, val in list(state.items()):
             if key in r.state or not isinstance(val, torch.Tensor) or val.shape != r.p.shape:
                 continue
-            s = _Slot(self, _core.stable_id(f"optim.{r.name}.{key}"), f"optimizer state {key!r} of "
-                      f"{r.name!r}", val)
-            self._register(s.tid, s.nbytes)
-            lease = self._acquire_named(s, "write")
+            s = _Slot(self, f"optim.{r.name}.{key}", "optim_v" if key == "exp_avg_sq" else "optim_m",
+                      f"optimizer state {key!r} of {r.name!r}", val)
+            self._register(s)
+            lease = self._acquire_named(s, "write", "optimizer")
             s.view(lease).copy_(val)
             self.rt.release(lease)
             r.state[key] = s
@@ -987,7 +976,7 @@ class Offload:
         if s is None or s.off is not self:
             return t
         with _DTF():
-            self._hold(s)
+            self._hold(s, "other")
             try:
                 out = t.as_subclass(torch.Tensor).clone()
             finally:
@@ -1016,7 +1005,7 @@ class Offload:
                 for key, s in r.state.items():
                     val = state.get(key)
                     if isinstance(val, torch.Tensor) and val.shape == r.p.shape:
-                        lease = self._acquire_named(s, "write")
+                        lease = self._acquire_named(s, "write", "other")
                         s.view(lease).copy_(val)
                         self.rt.release(lease)
                 self._adopt_state(r, state)
@@ -1029,7 +1018,7 @@ class Offload:
                 "device_used_bytes": s["used"]["device"], "evictions": s["evictions"],
                 "prefetches": s["prefetches"], "prefetch_hits": s["prefetch_hits"],
                 "misses": s["misses"], "acquires": s["acquires"], "stall_s": s["stall_s"],
-                "saved_activation_bytes": self.saved_bytes, "order_divergences": self.prefetcher.diverged,
+                "saved_activation_bytes": self.saved_bytes, "policy": self.drv.stats(),
                 "faults": self.faults, "units": len(self.units), "engine": s}
 
     def close(self) -> None:
@@ -1062,7 +1051,7 @@ class Offload:
             self.rt.drain()
 
             def back(s: _Slot) -> torch.Tensor:
-                lease = self.rt.acquire(s.tid, "device", "read")
+                lease = self.rt.acquire(self.drv.engine_id(s.tid), "device", "read")
                 out = s.view(lease).clone()
                 self.rt.release(lease)
                 return out

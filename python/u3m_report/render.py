@@ -2,6 +2,7 @@
 import base64
 import html
 import io
+import os
 
 
 def _mpl():
@@ -95,7 +96,7 @@ def predict_figures(d):
         ax.set_ylim(0, 105)
         ax.set_ylabel("%")
         ax.legend(fontsize=7, ncol=3)
-        out.append(("Prediction accuracy per job", label, _png(fig)))
+        out.append((f"Prediction accuracy per job: {os.path.basename(trace)}", label, _png(fig)))
     return out
 
 
@@ -159,13 +160,18 @@ def summary(kind, d):
                          f"{100 * p['recall_known']:.1f}% over {len(p['jobs'])} job(s)")
         return lines
     if kind == "timeline":
-        return [f"timeline [{d['label']}]: {d['events']} events, {len(d['series'])} counter "
-                "track(s)"]
+        n = len(d["series"])
+        return [f"timeline [{d['label']}]: {d['events']} events, {n} counter track(s)" +
+                ("" if n else " (no tier occupancy recorded: nothing to plot)")]
     if kind == "plan_cost":
         c = d["cheapest"]
-        what = (f"{c['name']} at {c['cost'] / 1e6:.2f} M {d['currency']}" if c and
-                c.get("cost") is not None else "none priced meets it")
-        return [f"cost plan for {d['target']} [{d['label']}]: cheapest {what}"]
+        if not c:
+            what = "none meets it"
+        elif c.get("cost") is None:
+            what = f"{c['name']} (unpriced: the card's price was not found)"
+        else:
+            what = f"{c['name']} at {c['cost'] / 1e6:.2f} M {d['currency']}"
+        return [f"cost plan for {d['target']} [{d['label']}]: cheapest {what}"] + d["design"]
     return []
 
 

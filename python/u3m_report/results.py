@@ -200,7 +200,10 @@ def timeline(doc, path):
 def plan_cost(doc, path):
     out = {"label": field(doc, "figures", str, path), "target": field(doc, "target", str, path),
            "currency": field(doc, "currency", str, path), "configs": [],
-           "cheapest": field(doc, "cheapest", (dict, type(None)), path)}
+           "cheapest": field(doc, "cheapest", (dict, type(None)), path), "design": []}
+    design = field(doc, "design_bom", dict, path, optional=True)
+    if design is not None:
+        out["design"] = field(design, "text", str, path + ".design_bom").rstrip().splitlines()
     for i, c in enumerate(field(doc, "configs", list, path)):
         cw = f"{path}.configs[{i}]"
         out["configs"].append({"name": field(c, "name", str, cw),

@@ -338,7 +338,7 @@ void Engine::note_use(Tier t) {
                                         : 0;
   const std::uint64_t now = clock_.now_ns();
   monitor_.record(t, used_[i], cap, now);
-  if (observer_) observer_->occupancy(observer_card_, t, used_[i], static_cast<double>(now) * 1e-9);
+  if (observer_) observer_->occupancy(observer_card_, t, used_[i], observer_s(now));
 }
 
 void Engine::count_eviction() {
@@ -803,8 +803,8 @@ void Engine::on_done(const Transfer& t, Status s) {
                            .link = r.link,
                            .priority = static_cast<std::uint8_t>(r.job.prio),
                            .bytes = t.bytes,
-                           .start_s = static_cast<double>(r.start_ns) * 1e-9,
-                           .end_s = static_cast<double>(end_ns) * 1e-9,
+                           .start_s = observer_s(r.start_ns),
+                           .end_s = observer_s(end_ns),
                            .ok = mem::ok(s)});
     Entry* found = find(t.tensor);
     if (!found) throw std::logic_error("Engine: a transfer completed for an unknown tensor");
@@ -1389,13 +1389,14 @@ void Engine::on_alert(mem::AlertFn fn) {
   monitor_.on_alert(std::move(fn));
 }
 
-void Engine::set_observer(RunObserver* observer, int card) {
+void Engine::set_observer(RunObserver* observer, int card, std::uint64_t origin_ns) {
   RunObserver* old = nullptr;
   int old_card = 0;
   {
     std::lock_guard lk(mu_);
     old = std::exchange(observer_, observer);
     old_card = std::exchange(observer_card_, card);
+    observer_origin_ns_ = origin_ns;
   }
   // Outside the lock: an observer reads stats() and monitor() from here on.
   if (old) old->detached(old_card, *this);

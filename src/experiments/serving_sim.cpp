@@ -19,8 +19,8 @@ namespace u3m::experiments {
 // Compute reads KV in HBM directly and KV in DRAM over the host link, layer
 // group by layer group: group g's fetch overlaps group g-1's compute, so an
 // iteration ends at max(compute start + compute, last fetch done + one
-// group's compute). The fetch is booked on the h2d link, behind whatever
-// promotions are queued there.
+// group's compute). The fetch is booked on the simulated stack's h2d link
+// (SimTransport::book), behind the engine's transfers queued there.
 //
 // Note [Tensor-parallel group]
 // The cards serve as one tensor-parallel group (Megatron-style): weights,
@@ -44,14 +44,17 @@ namespace u3m::experiments {
 //
 // Note [Write-behind]
 // Demoting a victim copies it out before its slot is reused: HBM -> DRAM
-// over d2h, DRAM -> SSD over h2s, HBM -> SSD through both. The request whose
-// admission made room waits for the HBM copy-out (d2h), but SSD writes
-// drain from a staging buffer in DRAM, as a write-back cache does: the
-// request waits for an SSD write only past the buffer's size. `u3m` keeps
-// no KV in DRAM, so its buffer is the DRAM share given to KV
-// (dram_kv_fraction of host DRAM); policies that keep KV in DRAM get one
-// second of SSD writes (~14 GB for 4 x 3.5 GB/s). The bytes are always
-// booked on the links. Spills (Note [DRAM emergency]) are booked the same way.
+// over d2h, DRAM -> SSD over h2s, HBM -> SSD through host. The store carries
+// the moves out on the simulated stack; the take that reuses a slot waits for
+// the move that vacates it (Note [Two-phase actions]), so the request whose
+// admission made room waits for the HBM copy-out. SSD writes drain from a
+// staging buffer in DRAM, as a write-back cache does (the store's write-back
+// slots, Note [Write-behind staging] in src/kv/tiered_store.cpp): a move to
+// SSD is done for the manager once its data is in the buffer, and waits for
+// the SSD only when the buffer is full. `u3m` keeps no KV in DRAM, so its
+// buffer is the DRAM share given to KV (dram_kv_fraction of host DRAM);
+// policies that keep KV in DRAM get one second of SSD writes (~14 GB for
+// 4 x 3.5 GB/s). Spills (Note [DRAM emergency]) go the same way.
 //
 // Note [Iteration cost]
 // One iteration is one roofline op over the group (sim::op_cost): FLOPs =
@@ -135,6 +138,7 @@ double decode_step_seconds(const ServeScenario& s, std::uint64_t context_tokens)
 namespace u3m::serve {
 
 using namespace experiments;
+using engine::Link;
 using kv::Tier;
 
 namespace {
@@ -142,27 +146,70 @@ const ServeScenario& validated(const ServeScenario& s) {
   s.validate();
   return s;
 }
+int li(Link l) {
+  return static_cast<int>(l);
+}
 }  // namespace
 
+// Note [Serving on the store]
+// The simulator decides nothing about KV placement and moves no bytes itself: the block
+// manager decides, and kv::TieredStore carries its actions out on the engine over a
+// simulated stack (sim::SimStack: the engine on fake addresses, SimTransport's links, this
+// run's VirtualTime), the same store and engine the real runtime uses (Note [Either stack]
+// in src/kv/tiered_store.cpp). The store runs non-blocking (Note [Non-blocking calls]):
+// admissions come back at once, the loop polls the store after every clock event, and a
+// request's prefill starts once its blocks are in place (TieredStore::ready). The links are
+// the profile's, times the cards (Note [Tensor-parallel group]): host link x N each way, the
+// drives of N cards for the SSD, reads and writes on their own schedules (Note [SSD queues]).
+// Every transfer books its link when the engine starts it, and the engine starts every one at
+// once (link_slots unbounded), so each link is one FIFO of the one link model (Note [Link
+// model] in mem/link.hpp), which is what recompute-or-fetch reads as backlog.
+//
+// Note [SSD queues]
+// Reads (s2h) and writes (h2s) of the SSD have their own schedules here (ssd_shared =
+// false), unlike SimTransport's default shared one: almost every write is write-behind (Note
+// [Write-behind]), and a serving system lets a read that a request waits for go ahead of
+// them; NVMe drives serve both directions at once.
 ServingSim::ServingSim(const ServeScenario& s, std::uint64_t stop_after)
-    : s_(validated(s)), pol_(serve_policy(s.policy)), stop_after_(stop_after), bm_(make_config()) {
+    : s_(validated(s)), pol_(serve_policy(s.policy)), stop_after_(stop_after) {
   res_.policy = s.policy;
   res_.slo = s.effective_slo();
   const auto& hw = s.hw;
   const double n = s.cards;
-  const double drives = hw.ssd.drives_per_node.si / hw.node.cards_per_node.si;
-  auto& L = res_.links;
-  const double pcie = hw.host_link.bandwidth_practical.si * n;
-  links_[0] = {pcie, hw.host_link.latency.si, 0, &L[0]};
-  links_[1] = {pcie, hw.host_link.latency.si, 0, &L[1]};
-  links_[2] = {hw.ssd.write_bandwidth.si * drives * n, hw.ssd.write_latency.si, 0, &L[2]};
-  links_[3] = {hw.ssd.read_bandwidth.si * drives * n, hw.ssd.read_latency.si, 0, &L[3]};
   eff_flops_ = hw.device.peak_flops.si * hw.device.matmul_efficiency.si * n;
-  staging_bytes_ = pol_.dram ? links_[2].bw * 1.0  // one second of SSD writes
-                             : n * hw.host.dram_capacity.si * s.dram_kv_fraction;
-  bm_.on_alert([this](const kv::KvAlert& a) {
+  const kv::KvConfig c = make_config();
+  const double slot = double(geo_.slot_bytes());
+  sim::SimTransportConfig links = sim::links_from_profile(hw, 0, s.cards);
+  for (Link l : {Link::d2h, Link::h2d}) links.links[li(l)].bandwidth *= n;
+  kv::TieredStoreOptions o;
+  o.blocking = false;
+  // Promotions from SSD to HBM stage through host: enough at once that the links, not the
+  // staging slots, set their pace.
+  o.staging_slots = 64;
+  if (pol_.ssd) {
+    // Note [Write-behind]: one second of SSD writes, or all of the DRAM share without a DRAM tier.
+    const double staging = pol_.dram ? links.links[li(Link::h2s)].bandwidth * 1.0
+                                     : n * hw.host.dram_capacity.si * s.dram_kv_fraction;
+    o.writeback_slots = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(staging / slot));
+  }
+  engine::StackSpec spec = kv::TieredStore::stack_spec(c, o);
+  spec.links = links.links;
+  spec.engine.link_slots.fill(std::numeric_limits<unsigned>::max());
+  stack_ = std::make_unique<sim::SimStack>(spec, clock_, nullptr, /*ssd_shared=*/false);
+  auto wait = [this](std::uint64_t seen) {
+    while (stack_->engine.epoch() == seen)
+      if (!clock_.run_next()) return mem::Status::out_of_memory;
+    return mem::Status::ok;
+  };
+  store_ = std::make_unique<kv::TieredStore>(c, kv::StoreStack{stack_->engine, wait, false}, o);
+  bm().on_alert([this](const kv::KvAlert& a) {
     if (a.emergency && res_.first_alert_s < 0) res_.first_alert_s = now_;
   });
+}
+
+ServingSim::~ServingSim() {
+  store_.reset();     // drains what is pending
+  clock_.run_all();   // the transport must outlive the events it scheduled
 }
 
 kv::KvConfig ServingSim::make_config() {
@@ -194,79 +241,60 @@ kv::KvConfig ServingSim::make_config() {
   return c;
 }
 
-namespace hop {
-// The links a move crosses, in order; DRAM is the bounce buffer between HBM and SSD.
-std::vector<int> path(Tier from, Tier to) {
-  const int d2h = 0, h2d = 1, h2s = 2, s2h = 3;
-  if (from == Tier::device && to == Tier::host) return {d2h};
-  if (from == Tier::host && to == Tier::device) return {h2d};
-  if (from == Tier::host && to == Tier::ssd) return {h2s};
-  if (from == Tier::ssd && to == Tier::host) return {s2h};
-  if (from == Tier::device && to == Tier::ssd) return {d2h, h2s};
-  if (from == Tier::ssd && to == Tier::device) return {s2h, h2d};
-  return {};
-}
-}  // namespace hop
-
-// Note [SSD queues]
-// Reads (s2h) and writes (h2s) of the SSD have their own FIFO queues here,
-// unlike SimTransport's shared one: almost every write is write-behind
-// (Note [Write-behind]), and a serving system lets a read that a request
-// waits for go ahead of them; NVMe drives serve both directions at once.
-double ServingSim::book_move(double t, Tier from, Tier to, double bytes) {
-  for (int l : hop::path(from, to)) t = links_[l].book(t, bytes);
-  return t;
-}
-
-double ServingSim::demote(const kv::Action& a) {
-  double t = now_;
-  for (int l : hop::path(a.from, a.to)) {
-    t = links_[l].book(t, double(a.bytes));
-    // SSD writes drain from the staging buffer: waiting starts past its size.
-    if (l == 2) t -= staging_bytes_ / links_[2].bw;
+void ServingSim::advance(double t) {
+  const std::uint64_t to = std::max(clock_.now_ns(), mem::seconds_to_ns(t));
+  for (auto next = clock_.next_time(); next && *next <= to; next = clock_.next_time()) {
+    clock_.run_next();
+    poll();
   }
-  return std::max(now_, t);
+  clock_.run_until(to);
 }
 
-double ServingSim::estimate_move(double t, Tier from, Tier to, double bytes) const {
-  for (int l : hop::path(from, to))
-    t = std::max(t, links_[l].free_at) + bytes / links_[l].bw + links_[l].lat;
+void ServingSim::poll() {
+  // The simulated stack injects no faults, so no admission can be rolled back.
+  if (!store_->poll().empty())
+    throw std::logic_error("serve: an admission was rolled back on a stack without faults");
+  planned_ = {};  // what was chosen is on the links now
+}
+
+double ServingSim::fetch_s(Tier from, Tier to, std::uint64_t bytes) const {
+  const sim::SimTransport& tr = stack_->transport;
+  double t = 0;
+  auto hop = [&](Link l) {
+    t = std::max(t, tr.ahead_s(l) + planned_[li(l)]) + tr.config().links[li(l)].seconds(bytes);
+  };
+  if (from == Tier::ssd) hop(Link::s2h);
+  if (to == Tier::device) hop(Link::h2d);
   return t;
 }
 
 // Recompute or fetch (Note [Recompute or fetch] in src/kv/recompute.cpp): per promoted
 // token block of the hit run, kv::RecomputeOrFetch picks; the simulator prices it from the
-// profile and its links. Recomputed blocks join the request's prefill; their moves are not
-// booked (the slot is written by compute, through the host link when the slot is in DRAM).
-// Hits already in HBM, and DRAM hits that found no HBM room, are used in place (the latter
-// streamed, Note [KV streaming]).
+// profile and the stack's links. A recomputed block joins the request's prefill and the
+// store writes it in place (Note [Recompute in place]), through the host link when its slot
+// is in DRAM. Hits already in HBM, and DRAM hits that found no HBM room, are used in place
+// (the latter streamed, Note [KV streaming]). The store starts the fetches at the next poll.
 void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
-  const std::vector<kv::Action> acts = bm_.take_actions();
-  // Promotions per request and token block; all other moves are background.
   std::unordered_map<kv::TokenBlockId, std::vector<const kv::Action*>> promos;
-  for (const kv::Action& a : acts)
-    if (a.kind == kv::Action::Kind::move && a.reason == kv::Action::Reason::promote)
-      promos[a.block / kv::kMaxGroups].push_back(&a);
-  double background_done = now_;  // when the slots these admissions take are free
-  for (const kv::Action& a : acts)
-    if (a.kind == kv::Action::Kind::move && a.reason != kv::Action::Reason::promote)
-      background_done = std::max(background_done, demote(a));
+  if (!adms.empty())
+    for (const kv::Action* a : store_->unstarted())
+      if (a->kind == kv::Action::Kind::move && a->reason == kv::Action::Reason::promote)
+        promos[a->block / kv::kMaxGroups].push_back(a);
+  const sim::SimTransport& tr = stack_->transport;
+  auto link = [&](Link l) { return tr.config().links[li(l)]; };
   const std::uint64_t B = s_.block_tokens;
   const kv::RecomputeCosts costs{
       .recompute_s = [&](std::uint32_t i) { return geo_.recompute_flops(i) / eff_flops_; },
-      .fetch_s = [&](Tier f, Tier t, std::uint64_t b) {
-        return estimate_move(now_, f, t, double(b)) - now_;
-      },
+      .fetch_s = [&](Tier f, Tier t, std::uint64_t b) { return fetch_s(f, t, b); },
       .hold_s = [&](Tier f, std::uint64_t b) {
-        return double(b) / links_[f == Tier::ssd ? 3 : 1].bw;
+        return link(f == Tier::ssd ? Link::s2h : Link::h2d).hold_s(b);
       }};
   for (const kv::Admission& a : adms) {
     Req& q = reqs_[a.id];
     q.running = true;
     running_.push_back(a.id);
     res_.max_concurrency = std::max<std::uint64_t>(res_.max_concurrency, running_.size());
-    q.ready_at = background_done;  // Note [Write-behind]
-    const auto& table = bm_.table(a.id);
+    const auto& table = bm().table(a.id);
     const std::uint64_t hit = std::min<std::uint64_t>(a.hit_tokens, q.prompt - 1);
     res_.per_request[a.id].hit_tokens = a.hit_tokens;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> recompute;
@@ -282,39 +310,41 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
           res_.per_request[a.id].recomputed_tokens += recompute.back().second - i * B;
         }
         for (const kv::Action* m : it->second)
-          if (m->to == Tier::host) book_move(now_, Tier::device, Tier::host, double(m->bytes));
+          if (m->to == Tier::host) stack_->transport.book(Link::d2h, m->bytes);
+        store_->recompute(a.id, i);
       } else {
-        for (const kv::Action* m : it->second)
-          q.ready_at = std::max(q.ready_at, book_move(now_, m->from, m->to, double(m->bytes)));
+        for (const kv::Action* m : it->second) {
+          if (m->from == Tier::ssd) planned_[li(Link::s2h)] += link(Link::s2h).hold_s(m->bytes);
+          if (m->to == Tier::device) planned_[li(Link::h2d)] += link(Link::h2d).hold_s(m->bytes);
+        }
       }
       promos.erase(it);
     }
     q.todo = std::move(recompute);
     q.todo.push_back({hit, q.prompt});
-    // Tiers of a running request's slots never change (only unreferenced blocks move).
+    // A running request's slots rest where the plan says once its actions are done (only
+    // unreferenced blocks move after that).
     q.host_prefix.assign(table.size() + 1, 0.0);
     for (std::size_t i = 0; i < table.size(); ++i) {
       double h = 0;
       for (std::uint32_t g = 0; g < geo_.groups(); ++g)
-        if (bm_.slot_tier(table[i], g) == Tier::host) h += double(geo_.group_bytes(g));
+        if (bm().slot_tier(table[i], g) == Tier::host) h += double(geo_.group_bytes(g));
       q.host_prefix[i + 1] = q.host_prefix[i] + h;
     }
   }
-  // Promotions of blocks no request here claims (none expected) are still real moves.
-  for (auto& [tb, moves] : promos)
-    for (const kv::Action* m : moves) book_move(now_, m->from, m->to, double(m->bytes));
+  poll();
 }
 
 void ServingSim::submit(std::size_t i) {
   kv::Admission a;
-  switch (bm_.submit(i, *reqs_[i].r, &a)) {
+  switch (store_->submit(i, *reqs_[i].r, &a)) {
     case kv::SubmitResult::admitted:
       admitted({a});
       break;
     case kv::SubmitResult::queued:
       break;
     case kv::SubmitResult::refused_queue_full:
-    case kv::SubmitResult::aborted:  // never here: the simulator completes every action ok
+    case kv::SubmitResult::aborted:  // never here: the simulated stack injects no faults
       backlog_.push_back(i);
       ++res_.retried_submits;
       break;
@@ -354,13 +384,13 @@ void ServingSim::finish(std::size_t i) {
   r.met = ttft_ms <= 1e3 * r.ttft_slo_s && tpot_ms <= slo.tpot_ms;
   if (!r.met && !q.missed) miss();
   ++res_.finished;
-  admitted(bm_.finish(i));
+  admitted(store_->finish(i));
   retry_backlog();
 }
 
 void ServingSim::spill() {
   // Note [DRAM emergency]: the budget is spill_rate * elapsed time, no more.
-  if (!bm_.emergency()) {
+  if (!bm().emergency()) {
     spill_credit_ = 0;
     last_spill_ = now_;
     return;
@@ -369,10 +399,9 @@ void ServingSim::spill() {
   spill_credit_ = std::min(spill_credit_ + s_.spill_rate * (now_ - last_spill_),
                            std::max(s_.spill_rate, double(geo_.slot_bytes())));
   last_spill_ = now_;
-  const std::uint64_t moved = bm_.spill(static_cast<std::uint64_t>(spill_credit_));
+  const std::uint64_t moved = store_->spill(static_cast<std::uint64_t>(spill_credit_));
   spill_credit_ -= static_cast<double>(moved);
-  for (const kv::Action& a : bm_.take_actions())
-    if (a.kind == kv::Action::Kind::move) demote(a);
+  poll();
 }
 
 ServeResult ServingSim::run() {
@@ -396,6 +425,7 @@ ServeResult ServingSim::run() {
   const double B = s_.block_tokens;
   std::size_t next = 0;
   now_ = n ? reqs_[0].arrival : 0;
+  advance(now_);
   last_spill_ = now_;
   std::vector<std::pair<std::size_t, std::uint64_t>> batch;
   while (!stopped_) {
@@ -411,7 +441,7 @@ ServeResult ServingSim::run() {
     Work w;
     batch.clear();  // (request, prefill tokens taken; 0 = one decode token)
     std::uint64_t budget = s_.max_batch_tokens;
-    double next_ready = std::numeric_limits<double>::infinity();
+    bool waiting = false;  // a prefill waits for its blocks' actions
     auto streamed = [&](const Req& q, double tokens) {  // DRAM KV under the first `tokens`
       const auto blocks = static_cast<std::size_t>(std::ceil(tokens / B));
       return q.host_prefix[std::min(q.host_prefix.size() - 1, blocks)];
@@ -428,8 +458,8 @@ ServeResult ServingSim::run() {
     for (std::size_t i : running_) {
       const Req& q = reqs_[i];
       if (q.todo.empty() || budget == 0 || batch.size() >= s_.max_running) continue;
-      if (q.ready_at > now_) {
-        next_ready = std::min(next_ready, q.ready_at);
+      if (!store_->ready(i)) {
+        waiting = true;
         continue;
       }
       const auto [b, e] = q.todo.front();
@@ -440,14 +470,17 @@ ServeResult ServingSim::run() {
       batch.push_back({i, take});
     }
     if (batch.empty()) {
-      double t = next_ready;
-      if (next < n) t = std::min(t, reqs_[next].arrival);
+      double t = std::numeric_limits<double>::infinity();
+      if (next < n) t = reqs_[next].arrival;
+      if (waiting)
+        if (auto e = clock_.next_time()) t = std::min(t, double(*e) / 1e9);
       if (!std::isfinite(t)) {
-        if (!running_.empty() || !backlog_.empty() || bm_.queue_length())
+        if (!running_.empty() || !backlog_.empty() || bm().queue_length())
           throw std::logic_error("serve: requests wait but nothing can run");
         break;
       }
       now_ = std::max(now_, t);
+      advance(now_);
       continue;
     }
     // HBM-resident KV is read at HBM speed; DRAM-resident KV is streamed.
@@ -455,9 +488,10 @@ ServeResult ServingSim::run() {
     w.hbm_bytes = std::max(0.0, w.hbm_bytes - w.host_kv_bytes);
     const double compute = iteration_compute_s(s_, w);
     double end = now_ + compute;
-    if (w.host_kv_bytes > 0) {
-      const double fetched = links_[1].book(now_, w.host_kv_bytes);
-      end = std::max(end, fetched + compute / geo_.groups());
+    if (w.host_kv_bytes > 0) {  // Note [KV streaming], on the stack's h2d link
+      const std::uint64_t fetched =
+          stack_->transport.book(Link::h2d, static_cast<std::uint64_t>(w.host_kv_bytes));
+      end = std::max(end, double(fetched) / 1e9 + compute / geo_.groups());
     }
     res_.busy_s += end - now_;
     res_.kv_wait_s += std::max(0.0, end - now_ - compute);
@@ -469,6 +503,7 @@ ServeResult ServingSim::run() {
       res_.peer.transfers += 4ull * s_.shape.layers * (s_.cards - 1);
     }
     now_ = end;
+    advance(now_);
     // Apply the iteration's progress, then retire finished requests.
     std::vector<std::size_t> finished;
     for (const auto& [i, take] : batch) {
@@ -495,9 +530,10 @@ ServeResult ServingSim::run() {
       running_.erase(std::find(running_.begin(), running_.end(), i));
       finish(i);
     }
-    if (next >= n && running_.empty() && backlog_.empty() && bm_.queue_length() == 0) break;
+    if (next >= n && running_.empty() && backlog_.empty() && bm().queue_length() == 0) break;
   }
   res_.stopped_early = stopped_;
+  if (!stopped_) store_->drain();  // the write-behind still under way: its bytes count
   // Summaries.
   std::vector<double> ttft, tpot;
   double first = n ? reqs_[0].arrival : 0, last_arrival = first, last_finish = first;
@@ -520,16 +556,20 @@ ServeResult ServingSim::run() {
   const double span = res_.span_s > 0 ? res_.span_s : res_.makespan_s;
   res_.goodput_rps = span > 0 ? double(res_.met) / span : 0;
   res_.throughput_rps = res_.makespan_s > 0 ? double(res_.finished) / res_.makespan_s : 0;
-  res_.kv = bm_.stats();
+  res_.kv = bm().stats();
   res_.kv_hit_rate =
       res_.kv.prompt_tokens ? double(res_.kv.hit_tokens) / double(res_.kv.prompt_tokens) : 0;
   std::uint64_t recomputed = 0;
   for (const auto& r : res_.per_request) recomputed += r.recomputed_tokens;
   res_.recomputed_share = res_.kv.hit_tokens ? double(recomputed) / double(res_.kv.hit_tokens) : 0;
   for (int t = 0; t < kv::kTiers; ++t) {
-    const kv::TierUse u = bm_.use(static_cast<Tier>(t));
+    const kv::TierUse u = bm().use(static_cast<Tier>(t));
     res_.capacity_bytes[t] = u.capacity * geo_.slot_bytes();
     res_.peak_bytes[t] = u.peak * geo_.slot_bytes();
+  }
+  for (Link l : {Link::d2h, Link::h2d, Link::h2s, Link::s2h}) {
+    const sim::SimLinkStats& st = stack_->transport.link(l);
+    res_.links[li(l)] = {st.bytes, st.transfers, double(st.busy_ns) / 1e9};
   }
   res_.spilled_bytes = res_.kv.spilled_bytes;
   res_.alerts = res_.kv.alerts;

@@ -88,10 +88,11 @@ bool staged(const Action& a) {
 // ---------------------------------------------------------------- TieredStore
 
 engine::StackSpec TieredStore::stack_spec(const KvConfig& c, const TieredStoreOptions& o) {
-  if (c.capacity_slots[idx(Tier::host)] == 0)
+  if (c.capacity_slots[idx(Tier::ssd)] && c.capacity_slots[idx(Tier::host)] == 0 &&
+      o.writeback_slots == 0)
     input_error("kv store",
-                "capacity_slots[host] must be > 0: the engine stages SSD moves "
-                "through host memory");
+                "capacity_slots[host] or writeback_slots must be > 0 with an SSD tier: the "
+                "engine stages SSD moves through host memory");
   if (o.staging_slots == 0) input_error("kv store", "staging_slots must be >= 1");
   if (o.attempts == 0) input_error("kv store", "attempts must be >= 1");
   const std::uint64_t slot = c.geometry.slot_bytes();
@@ -99,7 +100,8 @@ engine::StackSpec TieredStore::stack_spec(const KvConfig& c, const TieredStoreOp
   r.ssd_file = "u3m-kv.ssd";
   r.device_bytes = c.capacity_slots[idx(Tier::device)] * slot;  // Note [Capacities agree]
   // Staging slots: promotions from SSD to HBM pass through host (Note [Capacities agree]).
-  r.host_bytes = (c.capacity_slots[idx(Tier::host)] + o.staging_slots) * slot;
+  // Write-back slots: moves to SSD drain from host (Note [Write-behind staging]).
+  r.host_bytes = (c.capacity_slots[idx(Tier::host)] + o.staging_slots + o.writeback_slots) * slot;
   if (c.capacity_slots[idx(Tier::ssd)]) {
     const std::uint64_t all = c.capacity_slots[0] + c.capacity_slots[1] + c.capacity_slots[2];
     const std::uint64_t per =
@@ -166,7 +168,7 @@ TieredStore::~TieredStore() {
 }
 
 SubmitResult TieredStore::submit(RequestId id, const workload::ServeRequest& r, Admission* out) {
-  drain();
+  if (opt_.blocking) drain();
   SubmitResult s = bm_.submit(id, r, out);
   const std::vector<RequestId> refused = execute();
   if (s == SubmitResult::admitted && std::find(refused.begin(), refused.end(), id) != refused.end())
@@ -175,17 +177,19 @@ SubmitResult TieredStore::submit(RequestId id, const workload::ServeRequest& r, 
 }
 
 std::vector<Admission> TieredStore::finish(RequestId id) {
-  drain();
-  std::vector<Admission> a = bm_.finish(id);
-  execute();
-  return settled(std::move(a));
+  if (opt_.blocking) drain();
+  return decided(bm_.finish(id));
 }
 
 std::vector<Admission> TieredStore::admit_waiting() {
-  drain();
-  std::vector<Admission> a = bm_.admit_waiting();
+  if (opt_.blocking) drain();
+  return decided(bm_.admit_waiting());
+}
+
+std::vector<Admission> TieredStore::decided(std::vector<Admission> a) {
   execute();
-  return settled(std::move(a));
+  // Not settled yet without blocking: poll() reports those rolled back.
+  return opt_.blocking ? settled(std::move(a)) : a;
 }
 
 std::vector<Admission> TieredStore::settled(std::vector<Admission> adm) {
@@ -194,14 +198,14 @@ std::vector<Admission> TieredStore::settled(std::vector<Admission> adm) {
 }
 
 std::uint64_t TieredStore::spill(std::uint64_t budget_bytes) {
-  drain();
+  if (opt_.blocking) drain();
   const std::uint64_t b = bm_.spill(budget_bytes);
   execute();
   return b;
 }
 
 bool TieredStore::pin_prefix(const std::vector<workload::PromptSegment>& prefix) {
-  drain();
+  if (opt_.blocking) drain();
   const bool ok = bm_.pin_prefix(prefix);
   execute();
   return ok;
@@ -217,6 +221,7 @@ void TieredStore::enqueue() {
 
 std::vector<RequestId> TieredStore::execute() {
   enqueue();
+  if (!opt_.blocking) return {};  // poll() starts them (Note [Non-blocking calls])
   wait_until([&] {
     return std::none_of(pending_.begin(), pending_.end(),
                         [](const auto& p) { return admission_critical(p.second.a); });
@@ -230,8 +235,68 @@ std::vector<RequestId> TieredStore::execute() {
 }
 
 void TieredStore::drain() {
-  wait_until([&] { return pending_.empty(); });
+  wait_until([&] { return pending_.empty() && trailing_.empty(); });
   reap_lost();
+}
+
+// Note [Non-blocking calls]
+// A serving loop on one thread cannot wait in submit() for an SSD hit's fetch: every decode
+// of the batch would stall behind it. With blocking = false (the serving simulator) the
+// manager's calls decide at once, on the planned state (the manager's decisions hold with
+// actions pending: Note [Two-phase actions], `after` orders them), enqueue what they emit and
+// return; nothing starts until poll(), so the driver can first turn promotions into
+// recomputes. poll() is one pass of the blocking loop without the wait: the driver calls it
+// after every change of the engine (over a simulated stack, after every clock event), so an
+// action starts at the instant what it waits for completed. Admissions are settled once no
+// admission-critical action is pending, and ready(id) tells the driver when a request's
+// blocks are in place (its prefill waits for that). The decisions are the manager's either
+// way; what changes is only when the actions run.
+std::vector<RequestId> TieredStore::poll() {
+  pump();
+  reap_lost();
+  std::vector<RequestId> refused;
+  if (std::none_of(pending_.begin(), pending_.end(),
+                   [](const auto& p) { return admission_critical(p.second.a); })) {
+    refused = bm_.settle();
+    st_.aborted += refused.size();
+    enqueue();
+    pump();
+  }
+  if (opt_.check_every_step) check_agreement();
+  return refused;
+}
+
+bool TieredStore::ready(RequestId id) const {
+  if (!bm_.running(id)) return false;
+  const std::uint32_t groups = bm_.config().geometry.groups();
+  for (TokenBlockId tb : bm_.table(id))
+    for (std::uint32_t g = 0; g < groups; ++g)
+      if (block_pending_.contains(block_id(tb, g))) return false;
+  return true;
+}
+
+std::vector<const Action*> TieredStore::unstarted() const {
+  std::vector<const Action*> r;
+  for (const auto& [seq, x] : pending_)
+    if (!x.started) r.push_back(&x.a);
+  return r;
+}
+
+// Note [Recompute in place]
+// A promoted block that recompute-or-fetch (kv/recompute.hpp) recomputes is written by
+// compute in its target slot: nothing is read. The engine has no write that skips the fetch
+// of a stale copy, so the action forgets the tensor (its old copies, the SSD one included,
+// are dropped: the recomputed KV replaces them) and allocates it again with a write lease in
+// the target tier, as an allocation does.
+void TieredStore::recompute(RequestId id, std::uint32_t block) {
+  const auto& table = bm_.table(id);
+  if (block >= table.size())
+    throw std::out_of_range(
+        fmt::format("kv store: request {} has {} blocks, no block {}", id, table.size(), block));
+  for (auto& [seq, x] : pending_)
+    if (!x.started && x.a.kind == Action::Kind::move && x.a.to != Tier::ssd &&
+        x.a.block / kMaxGroups == table[block])
+      x.rewrite = true;
 }
 
 // An SSD copy the store's scrubber (or a failed read) found corrupt is gone, and the engine
@@ -256,6 +321,13 @@ void TieredStore::reap_lost() {
 bool TieredStore::ready(const Action& a) const {
   for (std::uint64_t d : a.after)
     if (d && pending_.contains(d)) return false;
+  // Its SSD write drains first; a block whose write failed waits only for its free.
+  if (auto t = trailing_.find(a.block);
+      t != trailing_.end() && !(t->second.reported && a.kind == Action::Kind::free))
+    return false;
+  if (a.kind == Action::Kind::move && a.to == Tier::ssd && opt_.writeback_slots &&
+      writeback_ >= opt_.writeback_slots)
+    return false;
   return !staged(a) || staging_ < opt_.staging_slots;
 }
 
@@ -266,7 +338,8 @@ void TieredStore::wait_until(const std::function<bool()>& done) {
     const bool changed = pump();
     if (done()) return;
     if (changed) continue;
-    if (std::none_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.started; }))
+    if (trailing_.empty() &&
+        std::none_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.started; }))
       throw std::logic_error("kv store: waiting for actions none of which can start");
     if (wait_(seen) == mem::Status::out_of_memory) {
       // The engine can make no progress (Note [No progress] in engine.cpp): what is waiting
@@ -298,6 +371,18 @@ bool TieredStore::pump() {
     resolve(seq, *o);  // erases seq and what the manager cancelled (later seqs)
     changed = true;
     it = pending_.upper_bound(seq);
+  }
+  for (auto it = trailing_.begin(); it != trailing_.end();) {
+    const unsigned attempts = it->second.attempts;
+    if (!trail(it->first, it->second)) {
+      changed = changed || it->second.attempts != attempts;
+      ++it;
+      continue;
+    }
+    --writeback_;
+    if (--block_pending_[it->first] == 0) block_pending_.erase(it->first);
+    it = trailing_.erase(it);
+    changed = true;
   }
   return changed;
 }
@@ -367,6 +452,20 @@ std::optional<Outcome> TieredStore::step(Exec& x) {
       case Action::Kind::move:
         if (!live_.contains(id))
           throw std::logic_error(fmt::format("kv store: move of unknown block {}", id));
+        if (a.to == Tier::ssd && opt_.writeback_slots) {
+          ++writeback_;  // held until its SSD write is through (trail())
+          return step_staged_write(x);
+        }
+        if (x.rewrite) {  // Note [Recompute in place]
+          const mem::Status s = e.remove(id);
+          if (s == mem::Status::busy) {
+            x.started = false;
+            return std::nullopt;
+          }
+          if (!mem::ok(s)) check(s, "drop for recompute", id);
+          check(e.add(id, slot_bytes_), "add", id);
+          break;
+        }
         if (a.to == Tier::ssd) {
           const mem::Status s = e.evict(id, a.from);
           if (s == mem::Status::busy) x.started = false;  // moving: ask again
@@ -392,6 +491,19 @@ std::optional<Outcome> TieredStore::step(Exec& x) {
       return Outcome::ok;
     }
     case Action::Kind::move: {
+      if (a.to == Tier::ssd && opt_.writeback_slots) return step_staged_write(x);
+      if (x.rewrite) {
+        engine::Lease l;
+        const mem::Status s = e.try_acquire(id, a.to, engine::Access::write, &l);
+        if (s == mem::Status::busy) return std::nullopt;
+        if (!mem::ok(s)) {
+          live_.erase(id);
+          return Outcome::lost;  // its old copies are gone: nothing to roll back to
+        }
+        check(e.release(l), "release", id);
+        live_[id] = a.to;
+        return Outcome::ok;
+      }
       if (a.to == Tier::ssd) {
         const auto r = e.residency(id);
         if (r->in_flight || r->leaving[idx(a.from)]) return std::nullopt;
@@ -433,6 +545,62 @@ std::optional<Outcome> TieredStore::step(Exec& x) {
     }
   }
   return std::nullopt;
+}
+
+// Note [Write-behind staging]
+// With write-back slots (TieredStoreOptions::writeback_slots) a move to SSD is completed to
+// the manager once its data sits in host memory in one of them: from DRAM at once, from HBM
+// when the copy out (d2h) has landed. The manager may then reuse the slot it left (a DRAM
+// slot, or the HBM slot of a move that skips a DRAM tier), while the SSD write drains behind
+// it (trail()), as a write-back cache does. The block's next action waits for that write.
+// The slots bound the staged bytes: with all of them draining, the next move to SSD waits,
+// and so does whatever waits for the slot it frees. This is the staging of the serving model
+// (docs/serving.md, Note [Write-behind] in serving_sim.cpp); without write-back slots a move to
+// SSD is done when the SSD copy is.
+std::optional<Outcome> TieredStore::step_staged_write(Exec& x) {
+  engine::Engine& e = engine_;
+  const engine::TensorId id = x.a.block;
+  const auto r = e.residency(id);
+  if (!r || r->lost) return Outcome::lost;
+  if (x.a.from == Tier::device && r->valid[idx(Tier::device)]) {
+    const mem::Status s = e.evict(id, Tier::device);  // the copy out; ok if already leaving
+    if (!mem::ok(s) && s != mem::Status::busy) {
+      --writeback_;
+      return Outcome::failed;
+    }
+    return std::nullopt;
+  }
+  if (r->in_flight && !r->valid[idx(Tier::host)] && !r->valid[idx(Tier::ssd)])
+    return std::nullopt;
+  trailing_.emplace(id, Trail{Tier::host, false, 1});
+  ++block_pending_[id];  // resolve() takes the action's count; the write keeps its own
+  if (!r->valid[idx(Tier::ssd)] || r->valid[idx(Tier::host)]) e.evict(id, Tier::host);
+  live_[id] = Tier::ssd;
+  return Outcome::ok;
+}
+
+// A staged write to SSD after the manager was told: done once only the SSD copy is left. A
+// write that fails every attempt leaves the block in host memory only: the manager drops it
+// as lost (it is a cached block nobody references), and the slot is held until it is freed.
+bool TieredStore::trail(engine::TensorId id, Trail& t) {
+  engine::Engine& e = engine_;
+  if (!live_.contains(id)) return true;  // freed meanwhile
+  const auto r = e.residency(id);
+  if (!r) return true;
+  if (r->in_flight || r->leaving[idx(Tier::host)]) return false;
+  if (!r->valid[idx(Tier::host)] && !r->valid[idx(Tier::device)]) return true;
+  if (t.reported) return false;  // lost: waits for the manager's free
+  if (t.attempts < opt_.attempts) {
+    const mem::Status s = e.evict(id, Tier::host);
+    if (s == mem::Status::busy) return false;
+    ++t.attempts;
+    ++st_.retried;
+    return false;
+  }
+  t.reported = true;
+  ++st_.lost;
+  bm_.lost(id);
+  return false;
 }
 
 engine::TensorId TieredStore::locate(RequestId id, std::uint32_t block, std::uint32_t group,
@@ -516,7 +684,7 @@ void TieredStore::check_agreement() const {
     if (!r->valid[idx(tier)]) fail("no copy in its tier");
     if (tier != Tier::ssd) ++in_memory[idx(tier)];
   }
-  if (!pending_.empty()) return;
+  if (!pending_.empty() || !trailing_.empty()) return;
   std::uint64_t slots = 0;
   for (Tier t : {Tier::device, Tier::host, Tier::ssd}) slots += bm_.use(t).used;
   if (slots != live_.size())

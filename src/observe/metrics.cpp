@@ -90,10 +90,12 @@ struct Metrics::Impl final : prometheus::Collectable {
     double op_s = 0, stall_s = 0;
     std::optional<KvSample> kv;
   };
-  // Note [Metrics lock order]: mu_ is taken before an engine's lock (a
-  // scrape reads stats() under it, so a detaching engine cannot go away
-  // mid-read), never after: Metrics does not take the reporting calls that
-  // the engine makes under its own lock (transfer, occupancy).
+  // Note [Metrics lock order]: mu is taken after the HTTP server's lock (a
+  // scrape collects under it) and before an engine's lock (a scrape reads
+  // stats() under mu, so a detaching engine cannot go away mid-read), never
+  // the other way round: Metrics does not take the reporting calls that the
+  // engine makes under its own lock (transfer, occupancy), and serve()
+  // registers with the server outside mu.
   mutable std::mutex mu;
   std::map<int, Card> cards;
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -229,18 +231,25 @@ Metrics::~Metrics() {
 
 int Metrics::serve(int port, const std::string& address, const std::string& what) {
   if (port < 0 || port > 65535) input_error(what, "port must be in 0..65535, got {}", port);
-  std::lock_guard g(impl_->mu);
   if (impl_->exposer) throw std::logic_error("Metrics::serve called twice");
   const std::string bind = fmt::format("{}:{}", address, port);
+  // Not under impl_->mu: a scrape holds the server's lock while it collects
+  // (which takes mu), so registering under mu would order the two locks both
+  // ways (Note [Metrics lock order]).
+  std::unique_ptr<prometheus::Exposer> exposer;
   try {
-    impl_->exposer = std::make_unique<prometheus::Exposer>(bind, 1);
+    exposer = std::make_unique<prometheus::Exposer>(bind, 1);
   } catch (const std::exception& e) {
     input_error(what, "cannot serve metrics on {}: {}", bind, e.what());
   }
-  impl_->exposer->RegisterCollectable(impl_);
-  const std::vector<int> ports = impl_->exposer->GetListeningPorts();
-  impl_->port = ports.empty() ? port : ports.front();
-  impl_->address = address;
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  {
+    std::lock_guard g(impl_->mu);
+    impl_->port = ports.empty() ? port : ports.front();
+    impl_->address = address;
+  }
+  exposer->RegisterCollectable(impl_);
+  impl_->exposer = std::move(exposer);  // serve() and the destructor are the owner's calls
   return impl_->port;
 }
 

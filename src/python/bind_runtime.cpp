@@ -1,8 +1,11 @@
 // Bindings of the runtime (issue 7): an Engine on the real backends (emulated
 // device, host, optional SSD store) with a device budget, and leases that
 // Python sees as buffers (torch.frombuffer maps them without a copy).
+#include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <memory>
+#include <vector>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -10,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "bindings.hpp"
+#include "policy_driver.hpp"
 #include "u3m/engine/engine.hpp"
 #include "u3m/engine/real_stack.hpp"
 #include "u3m/util/error.hpp"
@@ -100,6 +104,13 @@ class EngineError : public std::runtime_error {
     throw EngineError(fmt::format("{}(tensor {}): {}: {}", call, id, mem::to_string(s),
                                   engine::Engine::last_failure()));
   throw EngineError(fmt::format("{}(tensor {}): {}", call, id, mem::to_string(s)));
+}
+
+// remove()'s answer: false while the tensor is busy (call again), else done or an EngineError.
+bool removed(TensorId id, mem::Status s) {
+  if (s == mem::Status::busy) return false;
+  if (!mem::ok(s)) fail("remove", id, s);
+  return true;
 }
 
 Tier parse_tier(const std::string& s, bool ssd_ok) {
@@ -197,6 +208,74 @@ extern "C" int lease_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
 
 PyLease make_lease(const std::shared_ptr<Runtime>& rt, const engine::Lease& l) {
   return PyLease{rt, l, false};
+}
+
+// A PolicyDriver over a Runtime's engine (policy_driver.hpp); it keeps the
+// runtime alive.
+struct PyDriver {
+  PyDriver(std::shared_ptr<Runtime> r, PolicyDriverOptions o)
+      : rt(std::move(r)), drv(rt->engine(), std::move(o)) {}
+  std::shared_ptr<Runtime> rt;
+  PolicyDriver drv;
+};
+
+trace::Phase parse_phase_arg(const std::string& s) {
+  const auto p = trace::parse_phase(s);
+  if (!p) input_error("phase", "expected forward, backward, optimizer or other, got '{}'", s);
+  return *p;
+}
+
+// What the online recorder costs per access, timed in C++ (bench/torch_offload_cost.py): what
+// PolicyDriver::accessed does to record (the id's index, a clock read, the append), over
+// `steps` steps of `tensors` accesses each, with end_step between them.
+py::dict recorder_cost(std::uint64_t tensors, std::uint64_t steps) {
+  if (tensors == 0 || steps == 0) input_error("recorder_cost", "tensors and steps must be > 0");
+  using Clock = std::chrono::steady_clock;
+  OnlineRecorder rec;
+  std::vector<std::uint64_t> ids(tensors);
+  for (std::uint64_t i = 0; i < tensors; ++i) {
+    ids[i] = trace::stable_id(fmt::format("act.{}", i));
+    rec.tensor(ids[i], fmt::format("act.{}", i), 4096, trace::Role::activation);
+  }
+  // Thread CPU time too: on a loaded machine the wall clock counts time the thread waited.
+  auto cpu_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+  };
+  const double c0 = cpu_ns();
+  const auto t0 = Clock::now();
+  for (std::uint64_t s = 0; s < steps; ++s) {
+    for (std::uint64_t i = 0; i < tensors; ++i) {
+      const std::int64_t t = rec.index_of(ids[i]);
+      const auto now = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
+      rec.access(static_cast<std::uint32_t>(t), (i & 1) != 0, trace::Phase::forward, now);
+    }
+    rec.end_step(static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
+  }
+  const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  const double cpu = cpu_ns() - c0;
+  py::dict d;
+  d["ns_per_access"] = ns / static_cast<double>(tensors * steps);
+  d["cpu_ns_per_access"] = cpu / static_cast<double>(tensors * steps);
+  d["accesses"] = rec.recorded();
+  return d;
+}
+
+py::dict driver_stats(const PyDriver& d) {
+  const PolicyDriverStats& s = d.drv.stats();
+  py::dict out;
+  out["policy"] = d.drv.options().record ? d.drv.options().policy : std::string("none");
+  out["deciding"] = d.drv.policy() != nullptr;
+  out["steps"] = s.steps;
+  out["accesses"] = s.accesses;
+  out["policy_steps"] = s.policy_steps;
+  out["diverged"] = s.diverged;
+  out["policies"] = s.policies;
+  out["trace_ops"] = s.trace_ops;
+  out["policy_s"] = s.policy_s;
+  out["build_s"] = s.build_s;
+  return out;
 }
 
 }  // namespace
@@ -300,12 +379,7 @@ void bind_runtime(py::module_& m) {
           py::arg("id"), py::arg("nbytes"), "Registers a tensor of nbytes (> 0) with no data yet.")
       .def(
           "remove",
-          [](Runtime& r, TensorId id) {
-            const mem::Status s = r.engine().remove(id);
-            if (s == mem::Status::busy) return false;
-            if (!mem::ok(s)) fail("remove", id, s);
-            return true;
-          },
+          [](Runtime& r, TensorId id) { return removed(id, r.engine().remove(id)); },
           py::arg("id"), "Forgets a tensor; False (and nothing done) while it is leased or moving.")
       .def(
           "acquire",
@@ -387,6 +461,7 @@ void bind_runtime(py::module_& m) {
             return d;
           },
           py::arg("id"), "Where the tensor's latest data is, or None if not registered.")
+      .def("set_observer", [](Runtime& r, engine::RunObserver* o, int card) { r.engine().set_observer(o, card); }, py::arg("observer"), py::arg("card") = 0, py::keep_alive<1, 2>(), "Reports transfers and tier use to a Metrics, Timeline or Observers (None: stop); bind_metrics.cpp")
       .def("stats",
            [](Runtime& r) {
              py::dict d = stats_dict(r.engine().stats());
@@ -422,6 +497,73 @@ void bind_runtime(py::module_& m) {
             return tier_report(r.engine().monitor(parse_tier(tier, true)));
           },
           py::arg("tier") = "device");
+
+  py::class_<PyDriver>(
+      m, "PolicyDriver",
+      "Engine accesses of u3m.torch.offload, recorded online, with a tiering policy of "
+      "tiering_policies() deciding prefetch, eviction order and op tiers (Note [Policy on a real "
+      "run] in src/python/policy_driver.hpp).")
+      .def(py::init([](const std::shared_ptr<Runtime>& rt, const std::string& policy,
+                       unsigned lookahead, bool host_optimizer, unsigned repeats, bool record) {
+             PolicyDriverOptions o;
+             o.policy = policy;
+             o.lookahead = lookahead;
+             o.host_optimizer = host_optimizer;
+             o.repeats = repeats;
+             o.record = record;
+             o.has_ssd = rt->has_ssd();
+             return std::make_unique<PyDriver>(rt, o);
+           }),
+           py::arg("runtime"), py::arg("policy") = "u3m", py::arg("lookahead") = 4,
+           py::arg("host_optimizer") = false, py::arg("repeats") = 0, py::arg("record") = true)
+      .def(
+          "add",
+          [](PyDriver& d, TensorId id, std::uint64_t bytes, const std::string& name,
+             const std::string& role) {
+            const auto r = trace::parse_role(role);
+            if (!r) input_error("role", "unknown tensor role '{}'", role);
+            const mem::Status s = d.drv.add(id, bytes, name, *r);
+            if (!mem::ok(s)) fail("add", id, s);
+          },
+          py::arg("id"), py::arg("nbytes"), py::arg("name"), py::arg("role"))
+      .def(
+          "remove",
+          [](PyDriver& d, TensorId id) { return removed(id, d.drv.remove(id)); },
+          py::arg("id"), "As Runtime.remove; the free is recorded once.")
+      .def(
+          "acquire",
+          [](PyDriver& d, TensorId id, const std::string& access, const std::string& phase) {
+            const Access a = parse_access(access);
+            const trace::Phase ph = parse_phase_arg(phase);
+            const Tier t = d.drv.tier(ph);
+            const TensorId e = d.drv.engine_id(id);
+            if (e == 0) fail("acquire", id, mem::Status::not_found);
+            engine::Lease l;
+            // Without blocking first, so the demand fetch is queued at once.
+            mem::Status s = d.rt->engine().try_acquire(e, t, a, &l);
+            if (s == mem::Status::busy) {
+              py::gil_scoped_release nogil;
+              s = d.rt->engine().acquire(e, t, a, &l);
+            }
+            if (!mem::ok(s)) fail("acquire", id, s);
+            d.drv.accessed(id, a == Access::write, ph);
+            return make_lease(d.rt, l);
+          },
+          py::arg("id"), py::arg("access") = "read", py::arg("phase") = "other",
+          "Leases the tensor in the tier the policy runs `phase` in, then lets the policy decide.")
+      .def("end_step", [](PyDriver& d) { d.drv.end_step(); }, "A training step ended.")
+      .def(
+          "engine_id",
+          [](const PyDriver& d, TensorId id) {
+            const TensorId e = d.drv.engine_id(id);
+            if (e == 0) input_error("engine_id", "tensor {} was never added", id);
+            return e;
+          },
+          py::arg("id"), "The id the Runtime knows an added tensor by (for Runtime calls).")
+      .def_property_readonly("policy", [](const PyDriver& d) { return d.drv.options().policy; })
+      .def("stats", &driver_stats);
+  m.def("recorder_cost", &recorder_cost, py::arg("tensors") = 1000, py::arg("steps") = 1000,
+        "ns per access of the online recorder, timed in C++ (a benchmark's figure).");
 }
 
 }  // namespace u3m::python

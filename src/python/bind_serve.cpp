@@ -7,6 +7,7 @@
 
 #include "bindings.hpp"
 #include "u3m/experiments/serve.hpp"
+#include "u3m/experiments/serve_json.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/workload/rag.hpp"
 #include "u3m/workload/shape.hpp"
@@ -16,38 +17,9 @@ namespace py = pybind11;
 namespace u3m::python {
 namespace {
 
-py::dict percentiles(const experiments::Percentiles& p) {
-  py::dict d;
-  d["p50"] = p.p50;
-  d["p90"] = p.p90;
-  d["p99"] = p.p99;
-  return d;
-}
-
-py::dict serve_result_dict(const experiments::ServeScenario& s, const experiments::ServeResult& r) {
-  py::dict d;
-  d["label"] = "simulated (profile " + s.hw.name + ", model " + s.shape.name + ", cards " +
-               std::to_string(s.cards) + ")";
-  d["policy"] = r.policy;
-  d["requests"] = r.requests;
-  d["finished"] = r.finished;
-  d["too_large"] = r.too_large;
-  d["met"] = r.met;
-  d["met_fraction"] = r.met_fraction;
-  d["goodput_rps"] = r.goodput_rps;
-  d["throughput_rps"] = r.throughput_rps;
-  d["ttft_ms"] = percentiles(r.ttft_ms);
-  d["tpot_ms"] = percentiles(r.tpot_ms);
-  d["slo_ttft_ms"] = r.slo.ttft_ms;
-  d["slo_tpot_ms"] = r.slo.tpot_ms;
-  d["kv_hit_rate"] = r.kv_hit_rate;
-  d["max_concurrency"] = r.max_concurrency;
-  py::dict peak;
-  peak["device"] = r.peak_bytes[0];
-  peak["host"] = r.peak_bytes[1];
-  peak["ssd"] = r.peak_bytes[2];
-  d["peak_bytes"] = peak;
-  return d;
+// The result schema is the CLI's (experiments::serve_result_json: one policy's run), converted.
+py::object serve_result_dict(const experiments::ServeScenario& s, const experiments::ServeResult& r) {
+  return py::module_::import("json").attr("loads")(experiments::serve_result_json(s, r).dump());
 }
 
 }  // namespace
@@ -89,7 +61,8 @@ void bind_serve(py::module_& m) {
       py::arg("limit") = 0,
       "A request trace (a file in any supported format, or 'rag' for the built-in RAG "
       "generator's defaults) served under a KV policy (`u3m serve sim`); figures are simulated "
-      "with the named hardware profile, never measured. SLOs of 0 take the model's defaults.");
+      "with the named hardware profile, never measured. SLOs of 0 take the model's defaults. "
+      "Returns the policy's object of `u3m serve sim --json` (tiers device, host, ssd).");
 }
 
 }  // namespace u3m::python

@@ -139,6 +139,25 @@ void SimTransport::complete(std::uint32_t slot) {
   if (done_) done_(p.t, p.status);
 }
 
+std::uint64_t SimTransport::book(engine::Link l, std::uint64_t bytes) {
+  const int li = static_cast<int>(l);
+  const LinkModel& m = config_.links[li];
+  const std::uint64_t now = clock_.now_ns();
+  const mem::LinkSchedule::Slot slot = schedule(l).book(now, bytes, m.bandwidth);
+  SimLinkStats& st = stats_[li];
+  ++st.transfers;
+  st.bytes += bytes;
+  st.busy_ns += slot.free_ns - slot.start_ns;
+  st.queue_ns += slot.start_ns - now;
+  return slot.free_ns + seconds_to_ns(m.latency_s);
+}
+
+double SimTransport::ahead_s(engine::Link l) const {
+  const int c = channel(l);
+  const mem::LinkSchedule& s = shared_ssd_ && ssd_link(c) ? shared_ssd_->schedule[c] : schedule_[c];
+  return s.ahead_s(clock_.now_ns());
+}
+
 engine::Status SimTransport::erase_ssd(std::uint64_t key) {
   auto it = ssd_.find(key);
   if (it == ssd_.end()) return engine::Status::not_found;

@@ -122,5 +122,24 @@ TEST(EngineObserver, ReplacingTheObserverDetachesTheOldOneAndStopsItsReports) {
   EXPECT_EQ(b.detached_calls, 1);
 }
 
+TEST(EngineObserver, TimesCountFromTheOriginGiven) {
+  Recorder rec;
+  Rig rig;
+  const std::uint64_t origin = SteadyClock().now_ns();  // the rig's engine runs on steady time
+  rig.engine->set_observer(&rec, 0, origin);
+  ASSERT_EQ(rig.engine->add(1, 64 * KiB), Status::ok);
+  ASSERT_EQ(rig.write(1, 7), Status::ok);
+  ASSERT_TRUE(rig.holds(1, 7, Tier::host));  // a d2h transfer
+  rig.engine->drain();
+  std::lock_guard g(rec.mu);
+  ASSERT_FALSE(rec.transfers.empty());
+  for (const TransferRecord& t : rec.transfers) {
+    EXPECT_GE(t.start_s, 0.0);
+    EXPECT_LT(t.end_s, 60.0);  // seconds since the origin, not since the clock's epoch
+  }
+  EXPECT_GE(rec.last_t[0], 0.0);
+  EXPECT_LT(rec.last_t[0], 60.0);
+}
+
 }  // namespace
 }  // namespace u3m::engine

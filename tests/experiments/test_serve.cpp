@@ -12,6 +12,7 @@
 #include "cli_testing.hpp"
 #include "u3m/experiments/serve.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/version.hpp"
 #include "u3m/workload/analytic.hpp"
 #include "u3m/workload/rag.hpp"
 
@@ -243,6 +244,20 @@ TEST(ServeCli, SimAndCapacityJsonAndErrors) {
     EXPECT_TRUE(p["tpot_ms"].contains(k));
   }
   EXPECT_EQ(p["finished"], 40);
+  // One schema (issue 15 item 7): tiers are device, host, ssd, as in train sim's JSON.
+  for (const char* t : {"device", "host", "ssd"}) {
+    EXPECT_TRUE(p["bytes_by_tier"].contains(t)) << t;
+    EXPECT_TRUE(p["hits_by_tier_blocks"].contains(t)) << t;
+  }
+  for (const char* old : {"hbm", "dram"}) {
+    EXPECT_FALSE(p["bytes_by_tier"].contains(old)) << old;
+    EXPECT_FALSE(p["hits_by_tier_blocks"].contains(old)) << old;
+  }
+  EXPECT_TRUE(p["promoted_slots"].contains("from_host"));
+  EXPECT_EQ(p["label"], j["label"]);
+  EXPECT_NE(j["label"].get<std::string>().find("simulated (profile ascend-910b-32g"),
+            std::string::npos);
+  EXPECT_EQ(j["scenario"]["version"], u3m::kVersion);
 
   const std::string sample =
       std::string(U3M_SOURCE_DIR) + "/data/requests/samples/mooncake_conversation_head20.jsonl";

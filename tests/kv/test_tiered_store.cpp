@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <numeric>
 #include <map>
 #include <random>
@@ -261,6 +262,35 @@ TEST(KvTieredStore, RandomServingReadsEveryByteAsWritten) {
   }
 }
 
+// Note [Write-behind staging] on the real stack: with no DRAM tier, HBM victims go to SSD
+// through write-back slots (the manager is told at the copy out, the SSD write drains behind),
+// and the SSD hits that come back read exactly the bytes written.
+TEST(KvTieredStore, StagedWritesWithoutADramTierReadBackEveryByte) {
+  KvConfig c = config(12, 0, 400);  // 12 HBM slots, no DRAM tier
+  c.home.assign(c.geometry.groups(), Tier::device);
+  TieredStoreOptions o = Driver::checked();
+  o.writeback_slots = 3;
+  Driver d(c, 3, o);
+  for (RequestId id = 1; id <= 120; ++id) {
+    // 5 documents cycled through room for 2 requests: each comes back from SSD.
+    d.reqs[id] = req({{"doc" + std::to_string(id % 5), 8}, {"q" + std::to_string(id), 2}}, 2);
+    ASSERT_EQ(d.submit(id, d.reqs.at(id)), SubmitResult::admitted) << id;
+    d.verify(id);
+    while (d.state.contains(id)) d.decode(id);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  d.store.drain();
+  d.store.check_agreement();
+  for (const auto& [id, n] : d.runs) ASSERT_EQ(n, 1) << "request " << id;
+  const KvStats& k = d.store.manager().stats();
+  EXPECT_GT(k.demoted_slots[0], 50u);  // HBM -> SSD
+  EXPECT_GT(k.promoted_slots, 50u);    // and back
+  EXPECT_GT(d.hit_reads, 50u);         // hits read back and checked
+  EXPECT_LE(d.store.engine_stats().peak[0], 12 * d.store.slot_bytes());
+  EXPECT_LE(d.store.engine_stats().peak[1],
+            (o.staging_slots + o.writeback_slots) * d.store.slot_bytes());
+}
+
 // Issue 6: "A queued request is never lost", under DRAM pressure, in the real path. Requests
 // arrive faster than they finish; DRAM sits in the emergency band; the queue fills and the
 // caller's refused requests are resubmitted. All run exactly once, with their bytes intact.
@@ -466,7 +496,9 @@ struct Outcomes {
   TieredStoreStats st;
 };
 
-Outcomes random_calls(TieredStore& store, std::uint64_t seed) {
+// `between`, when given, runs after every call (a non-blocking driver's polls).
+Outcomes random_calls(TieredStore& store, std::uint64_t seed,
+                      const std::function<void()>& between = {}) {
   Outcomes o;
   std::mt19937_64 rng(seed);
   auto pick = [&](std::uint64_t n) {
@@ -507,6 +539,7 @@ Outcomes random_calls(TieredStore& store, std::uint64_t seed) {
     } else if (store.manager().emergency()) {
       o.log.push_back(fmt::format("spill {}", store.spill(2 * store.slot_bytes())));
     }
+    if (between) between();
   }
   store.drain();
   o.kv = store.manager().stats();
@@ -572,6 +605,133 @@ TEST(KvTieredStore, SimulatedStackMakesTheRealStacksDecisionsInVirtualTime) {
   EXPECT_EQ(real.st.freed, simulated.st.freed);
   EXPECT_GT(real.kv.promoted_slots, 10u);  // the SSD path was really taken
   EXPECT_GT(real.log.size(), 300u);
+}
+
+namespace {
+
+engine::StackSpec slow_links(engine::StackSpec spec) {
+  spec.links[int(engine::Link::d2h)] = {1e6, 10e-6};  // 512 B slots: 0.5 ms a move
+  spec.links[int(engine::Link::h2d)] = {1e6, 10e-6};
+  spec.links[int(engine::Link::h2s)] = {2e5, 50e-6};
+  spec.links[int(engine::Link::s2h)] = {4e5, 50e-6};
+  return spec;
+}
+
+StoreStack over(sim::SimStack& stack, sim::VirtualTime& vt) {
+  return {stack.engine,
+          [&stack, &vt](std::uint64_t seen) {
+            while (stack.engine.epoch() == seen)
+              if (!vt.run_next()) return mem::Status::out_of_memory;
+            return mem::Status::ok;
+          },
+          /*has_bytes=*/false};
+}
+
+}  // namespace
+
+// Note [Non-blocking calls]: the serving simulator's use. The calls return without waiting,
+// actions stay pending across calls (the driver polls after a few clock events), and yet
+// every answer, admission and counter is the blocking store's: the manager decides on the
+// planned state, which the timing of the actions cannot change.
+TEST(KvTieredStore, NonBlockingCallsMakeTheBlockingStoresDecisions) {
+  KvConfig c = config(12, 40, 400);
+  TieredStoreOptions o = Driver::checked();
+  Outcomes blocking;
+  {
+    TieredStore store(c, o);
+    blocking = random_calls(store, 7);
+  }
+  sim::VirtualTime vt;
+  const engine::StackSpec spec = slow_links(TieredStore::stack_spec(c, o));
+  o.blocking = false;
+  Outcomes nb;
+  std::uint64_t calls_with_pending = 0;
+  {
+    sim::SimStack stack(spec, vt);
+    TieredStore store(c, over(stack, vt), o);
+    nb = random_calls(store, 7, [&] {
+      store.poll();
+      calls_with_pending += store.pending() > 0;
+      for (int i = 0; i < 3 && vt.run_next(); ++i) ASSERT_TRUE(store.poll().empty());
+    });
+    EXPECT_EQ(store.pending(), 0u);
+    store.check_agreement();
+  }
+  vt.run_all();
+  ASSERT_EQ(blocking.log.size(), nb.log.size());
+  for (std::size_t i = 0; i < blocking.log.size(); ++i) ASSERT_EQ(blocking.log[i], nb.log[i]) << i;
+  EXPECT_EQ(blocking.kv.promoted_slots, nb.kv.promoted_slots);
+  for (int t = 0; t < kTiers; ++t) EXPECT_EQ(blocking.kv.demoted_slots[t], nb.kv.demoted_slots[t]);
+  EXPECT_EQ(blocking.st.allocated, nb.st.allocated);
+  EXPECT_EQ(blocking.st.moved, nb.st.moved);
+  EXPECT_EQ(blocking.st.freed, nb.st.freed);
+  EXPECT_GT(calls_with_pending, 100u);  // the calls really overlapped pending actions
+  EXPECT_GT(nb.kv.promoted_slots, 10u);
+}
+
+// Note [Write-behind staging] and Note [Recompute in place], over the simulated stack: with
+// no DRAM tier, HBM victims go to SSD through write-back slots, and promotions from SSD are
+// either fetched or, when the driver says so, recomputed in place (nothing read from SSD).
+TEST(KvTieredStore, StagedWritesToSsdAndRecomputedPromotions) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "fetch");
+    KvConfig c = config(12, 0, 400);  // no DRAM tier
+    c.home.assign(c.geometry.groups(), Tier::device);
+    TieredStoreOptions o = Driver::checked();
+    o.blocking = false;
+    o.writeback_slots = 3;
+    sim::VirtualTime vt;
+    sim::SimStack stack(slow_links(TieredStore::stack_spec(c, o)), vt);
+    {
+      TieredStore store(c, over(stack, vt), o);
+      std::uint64_t rewritten = 0, writes_draining = 0;
+      auto run_until_ready = [&](RequestId id) {
+        while (!store.ready(id)) {
+          writes_draining += store.pending() > 0;
+          ASSERT_TRUE(vt.run_next()) << "request " << id << " never became ready";
+          ASSERT_TRUE(store.poll().empty());
+        }
+      };
+      for (RequestId id = 1; id <= 60; ++id) {
+        // Three documents cycled: each comes back after the other two pushed it to SSD.
+        const ServeRequest r =
+            req({{"doc" + std::to_string(id % 3), 12}, {"q" + std::to_string(id), 2}}, 2);
+        Admission a;
+        ASSERT_EQ(store.submit(id, r, &a), SubmitResult::admitted) << id;
+        if (recompute)
+          for (const Action* m : store.unstarted())
+            if (m->reason == Action::Reason::promote) {
+              const auto& table = store.manager().table(id);
+              const auto b = std::find(table.begin(), table.end(), m->block / kMaxGroups);
+              ASSERT_NE(b, table.end());
+              store.recompute(id, static_cast<std::uint32_t>(b - table.begin()));
+              ++rewritten;
+            }
+        ASSERT_TRUE(store.poll().empty());
+        run_until_ready(id);
+        store.finish(id);
+        ASSERT_TRUE(store.poll().empty());
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+      store.drain();
+      store.check_agreement();
+      const KvStats& k = store.manager().stats();
+      EXPECT_GT(k.demoted_slots[0], 20u);  // HBM -> SSD, no DRAM tier between
+      EXPECT_GT(k.promoted_slots, 20u);    // SSD hits brought back
+      EXPECT_GT(store.stats().peak_pending, 3u);
+      EXPECT_EQ(recompute, rewritten > 0);
+      // The moves crossed host: d2h then h2s, write-back slots bounding what was staged.
+      EXPECT_GT(stack.transport.link(engine::Link::d2h).bytes, 0u);
+      EXPECT_GT(stack.transport.link(engine::Link::h2s).bytes, 0u);
+      const std::uint64_t read = stack.transport.link(engine::Link::s2h).bytes;
+      if (recompute)
+        EXPECT_EQ(read, 0u);  // recomputed in place: nothing read back
+      else
+        EXPECT_GE(read, k.promoted_slots * store.slot_bytes());
+      EXPECT_LE(store.engine_stats().peak[1], (o.staging_slots + o.writeback_slots) * store.slot_bytes());
+    }
+    vt.run_all();
+  }
 }
 
 TEST(KvTieredStore, ACallersStackMustHaveTheConfigsCapacities) {

@@ -76,9 +76,65 @@ class OffloadTest(unittest.TestCase):
         self.assertLessEqual(st["peak_device_bytes"], off.budget_bytes)
         self.assertGreater(st["evictions"], 0)
         self.assertGreater(st["saved_activation_bytes"], 0)
-        # The order recorded in step 1 drove prefetches in later steps.
+        # The default policy decided from step 2 on: it issued prefetches, and some were used.
+        self.assertEqual(st["policy"]["policy"], ut.DEFAULT_POLICY)
         self.assertGreater(st["prefetches"], 0)
         self.assertGreater(st["prefetch_hits"], 0)
+
+    def test_each_tiering_policy_decides_and_training_stays_bitwise(self):
+        model, opt, batches = make_run()
+        ref_losses = train(model, opt, batches)
+        for policy in ("u3m", "lookahead", "oracle", "lru"):
+            with self.subTest(policy=policy):
+                model, opt, batches = make_run()
+                off = ut.offload(model, opt, budget_fraction=0.3, policy=policy)
+                losses = train(model, opt, batches)
+                st = off.stats()
+                off.close()
+                self.assertEqual(losses, ref_losses)
+                p = st["policy"]
+                self.assertEqual(p["policy"], policy)
+                self.assertTrue(p["deciding"])
+                # Each step makes the same accesses: the policy ran on every access after step
+                # 1 (which recorded, under LRU), and no step left the trace it was made for.
+                self.assertEqual(p["diverged"], 0)
+                self.assertEqual(p["policies"], 1)
+                self.assertEqual(p["accesses"] % len(batches), 0)
+                self.assertEqual(p["policy_steps"], p["accesses"] // len(batches) * (len(batches) - 1))
+                self.assertLessEqual(st["peak_device_bytes"], off.budget_bytes)
+                if policy == "lru":  # demand fetches only: every prefetch is a policy's
+                    self.assertEqual(st["prefetches"], 0)
+                else:
+                    self.assertGreater(st["prefetches"], 0)
+                    self.assertGreater(st["prefetch_hits"], 0)
+
+    def test_a_step_that_leaves_the_policys_trace_is_recorded_again(self):
+        model, opt, batches = make_run(steps=5)
+        ref_losses = train(model, opt, batches[:2])
+        with torch.no_grad():  # an evaluation forward: gathers, saves nothing
+            ref_eval = lm_loss(model, batches[2]).item()
+        ref_losses += train(model, opt, batches[3:])
+        model, opt, batches = make_run(steps=5)
+        off = ut.offload(model, opt, budget_fraction=0.5)
+        losses = train(model, opt, batches[:2])
+        with torch.no_grad():
+            evaluated = lm_loss(model, batches[2]).item()
+        losses += train(model, opt, batches[3:])
+        st = off.stats()["policy"]
+        off.close()
+        self.assertEqual(losses, ref_losses)
+        self.assertEqual(evaluated, ref_eval)
+        # Step 3 (eval forward + training step) left the trace; its recording made a new policy.
+        self.assertGreaterEqual(st["diverged"], 1)
+        self.assertGreaterEqual(st["policies"], 2)
+        self.assertTrue(st["deciding"])
+
+    def test_an_unknown_policy_is_refused_naming_the_choices(self):
+        model, opt, _ = make_run()
+        with self.assertRaises(u3m.InputError) as cm:
+            ut.offload(model, opt, budget_fraction=0.5, policy="nope")
+        self.assertIn("nope", str(cm.exception))
+        self.assertIn("lookahead", str(cm.exception))
 
     def test_ssd_faults_under_offload_lose_nothing_and_are_caught(self):
         """Issue 14: every I/O fault class but the misdirected write (which can hit another
@@ -150,8 +206,9 @@ class OffloadTest(unittest.TestCase):
                     return
                 off.rt.drain()  # then corrupt every tensor whose only copy is on the SSD tier
                 for tid in sorted(off._live):
-                    if (off.rt.residency(tid) or {}).get("valid") == ["ssd"]:
-                        hit += off.rt.corrupt_ssd_copy(tid, seed=tid & 0xFFFF)
+                    eid = off.drv.engine_id(tid)  # the Runtime's id of it
+                    if (off.rt.residency(eid) or {}).get("valid") == ["ssd"]:
+                        hit += off.rt.corrupt_ssd_copy(eid, seed=tid & 0xFFFF)
 
             losses, stopped = train_until_error(model, opt, batches, corrupt_only_copies)
             st = off.rt.stats()
@@ -331,6 +388,50 @@ class BindingsTest(unittest.TestCase):
                 f.write('{"u3m_trace":1}\n{"tensor": {"name": "x", "bytes": -3}}\n')
             with self.assertRaisesRegex(u3m.InputError, "bad.jsonl:2"):
                 u3m.load_trace(bad)
+
+    def test_policy_driver_records_a_step_and_then_the_policy_prefetches(self):
+        # 4 tensors of 64 KiB through room for 2: step 1 records under LRU; from step 2 the
+        # lookahead policy (1 op ahead) prefetches the next access's tensor while this one is
+        # leased, so those acquires find it there (prefetch hits), which LRU alone never does.
+        rt = u3m.Runtime(device_budget=160 << 10, host_budget=16 << 20)
+        drv = u3m._core.PolicyDriver(rt, "lookahead", lookahead=1)
+        ids = [u3m.stable_id(f"param.w{i}") for i in range(4)]
+        for i, tid in enumerate(ids):
+            drv.add(tid, 64 << 10, f"param.w{i}", "param")
+            rt.release(drv.acquire(tid, "write", "forward"))
+        drv.end_step()  # the writes above are a step of their own: their recording is the trace
+        self.assertEqual(drv.stats()["policies"], 1)
+        for step in range(3):
+            for tid in ids:
+                lease = drv.acquire(tid, "read", "forward")
+                rt.drain()  # let the prefetch the policy issued land before the next acquire
+                rt.release(lease)
+            drv.end_step()
+        st, es = drv.stats(), rt.stats()
+        self.assertEqual(st["policy"], "lookahead")
+        # The trace's ops name tensors (not read or write): every read was its next op.
+        self.assertEqual(st["accesses"], 16)
+        self.assertEqual(st["policy_steps"], 12)
+        self.assertEqual(st["diverged"], 0)
+        self.assertGreater(es["prefetches"], 0)
+        self.assertGreater(es["prefetch_hits"], 0)
+        self.assertLessEqual(es["peak"]["device"], 160 << 10)
+        # A different order leaves the trace: counted, and the next step's policy is new.
+        for tid in reversed(ids):
+            rt.release(drv.acquire(tid, "read", "forward"))
+        drv.end_step()
+        self.assertEqual(drv.stats()["diverged"], 1)
+        self.assertEqual(drv.stats()["policies"], 2)
+        # The Runtime knows the tensors by the driver's ids.
+        self.assertEqual(rt.residency(drv.engine_id(ids[0]))["in_flight"], False)
+        with self.assertRaisesRegex(u3m.EngineError, r"acquire\(tensor 7\): not found"):
+            drv.acquire(7, "read", "forward")
+        with self.assertRaisesRegex(u3m.InputError, "role: unknown tensor role 'weights'"):
+            drv.add(8, 64, "x", "weights")
+        with self.assertRaisesRegex(u3m.InputError, "phase: expected forward"):
+            drv.acquire(ids[0], "read", "fwd")
+        with self.assertRaisesRegex(u3m.InputError, "unknown policy 'nope'"):
+            u3m._core.PolicyDriver(rt, "nope")
 
     def test_an_acquire_that_can_never_succeed_raises_at_once(self):
         # Issue 14's hang, from Python: the caller holds tensor 1 on the device, tensor 2

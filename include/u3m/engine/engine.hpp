@@ -237,7 +237,9 @@ class Engine {
   // back into the engine. The observer's attached() and detached() run
   // outside the lock, here and in the destructor; between them it may read
   // stats() and monitor(). It must outlive the engine or be replaced first.
-  void set_observer(RunObserver* observer, int card = 0);
+  // Times are seconds on the engine's clock after `origin_ns` (a driver
+  // passes the origin its own reports count from, so both share a timebase).
+  void set_observer(RunObserver* observer, int card = 0, std::uint64_t origin_ns = 0);
   const EngineConfig& config() const { return config_; }
 
  private:
@@ -459,6 +461,10 @@ class Engine {
   mem::Monitor monitor_;
   RunObserver* observer_ = nullptr;  // set_observer; read and written under mu_
   int observer_card_ = 0;
+  std::uint64_t observer_origin_ns_ = 0;
+  double observer_s(std::uint64_t ns) const {  // may be < 0: before the origin
+    return static_cast<double>(static_cast<std::int64_t>(ns - observer_origin_ns_)) * 1e-9;
+  }
   VictimOrder victim_order_ = VictimOrder::lru;
   EngineStats st_;
   std::atomic<std::uint64_t> evictions_{0};  // st_.evictions, for evictions() without the lock

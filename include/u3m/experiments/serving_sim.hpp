@@ -1,7 +1,8 @@
 // serve::ServingSim, the serving simulator of issue 6 (`u3m serve sim`, and every run of
 // the capacity search): a request trace served by one tensor-parallel group with
 // continuous batching, its KV cache held by the tiered block manager (src/kv) under a
-// named policy, costs from the hardware profile. Every figure it gives is simulated.
+// named policy and carried out by kv::TieredStore over a simulated stack (sim::SimStack on
+// virtual time), costs from the hardware profile. Every figure it gives is simulated.
 // The scenario and result types are experiments' (serve.hpp): the CLI, the Python
 // bindings and the capacity search share them. docs/serving.md explains the model.
 #pragma once
@@ -13,8 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include <memory>
+
 #include "u3m/experiments/serve.hpp"
 #include "u3m/kv/block_manager.hpp"
+#include "u3m/kv/tiered_store.hpp"
+#include "u3m/sim/sim_stack.hpp"
+#include "u3m/sim/virtual_time.hpp"
 
 namespace u3m::serve {
 
@@ -26,27 +32,13 @@ class ServingSim {
   // `stop_after`: stop once more requests than this missed an SLO (the capacity search's
   // early exit); 0 = run to the end. InputError for a scenario that does not work.
   ServingSim(const ServeScenario& s, std::uint64_t stop_after = 0);
+  ~ServingSim();
   ServingSim(const ServingSim&) = delete;
   ServingSim& operator=(const ServingSim&) = delete;
 
   ServeResult run();  // once
 
  private:
-  // One direction of a modelled link, FIFO (sim::LinkModel, Note [Link model]).
-  struct Fifo {
-    double bw = 0, lat = 0;
-    double free_at = 0;
-    experiments::ServeLinkStats* st = nullptr;
-    double book(double t, double bytes) {
-      const double start = std::max(t, free_at);
-      free_at = start + bytes / bw;
-      st->bytes += static_cast<std::uint64_t>(bytes);
-      ++st->transfers;
-      st->busy_s += bytes / bw;
-      return free_at + lat;
-    }
-  };
-
   struct Req {
     const workload::ServeRequest* r = nullptr;
     double arrival = 0;
@@ -54,17 +46,18 @@ class ServingSim {
     std::uint32_t output = 1;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> todo;  // prefill ranges left
     std::uint32_t generated = 0;
-    double ready_at = 0;
     std::vector<double> host_prefix;  // host-resident KV bytes of token blocks [0, i)
     bool running = false, done = false;
     bool missed = false;  // already counted as a miss (TTFT over the SLO)
   };
   kv::KvConfig make_config();
-  // The completion time of a move from `from` to `to` issued at `t` (Note [KV streaming]).
-  double book_move(double t, kv::Tier from, kv::Tier to, double bytes);
-  // Books a demotion or spill; returns when its source slot may be reused.
-  double demote(const kv::Action& a);
-  double estimate_move(double t, kv::Tier from, kv::Tier to, double bytes) const;
+  kv::BlockManager& bm() { return store_->manager(); }
+  // Runs the stack's events up to `t` (seconds), polling the store after each.
+  void advance(double t);
+  void poll();  // the store's poll(); plans made before it are booked by then
+  // Seconds until `bytes` moved from `from` to `to` now would be through (the links'
+  // backlog, and this call's fetches not started yet).
+  double fetch_s(kv::Tier from, kv::Tier to, std::uint64_t bytes) const;
   void submit(std::size_t i);
   void admitted(const std::vector<kv::Admission>& adms);
   void finish(std::size_t i);
@@ -78,13 +71,16 @@ class ServingSim {
   experiments::ServePolicy pol_;
   std::uint64_t stop_after_;
   kv::KvGeometry geo_;
-  kv::BlockManager bm_;
   ServeResult res_;
-  std::array<Fifo, 4> links_{};
   double eff_flops_ = 0;
-  double staging_bytes_ = 0;  // Note [Write-behind]
   double now_ = 0;
   double spill_credit_ = 0, last_spill_ = 0;
+  // The data path (Note [Serving on the store]): clock, simulated stack and store, in
+  // construction order.
+  sim::VirtualTime clock_;
+  std::unique_ptr<sim::SimStack> stack_;
+  std::unique_ptr<kv::TieredStore> store_;
+  std::array<double, 4> planned_{};  // link seconds of fetches chosen and not started
   std::vector<Req> reqs_;
   std::deque<std::size_t> backlog_;   // refused_queue_full, to submit again in order
   std::vector<std::size_t> running_;  // admission order

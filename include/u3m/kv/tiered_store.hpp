@@ -54,6 +54,15 @@ struct TieredStoreOptions {
   unsigned staging_slots = 2;
   // Attempts of a write-back to SSD (or a free) before it counts as failed.
   unsigned attempts = 8;
+  // Host slots that stage moves to SSD (Note [Write-behind staging]): a move to SSD is
+  // completed to the manager once its data sits in host memory in one of these, and the SSD
+  // write drains behind it. 0: none, a move to SSD is done when the SSD copy is (and needs a
+  // host tier). They add to the engine's host capacity.
+  std::uint64_t writeback_slots = 0;
+  // false (the serving simulator, Note [Non-blocking calls]): the manager's calls neither
+  // wait for pending actions nor start the ones they emit; poll() moves them on, ready(id)
+  // says when a request's blocks are in place.
+  bool blocking = true;
 };
 
 // The stack a store runs over when the caller builds it (Note [Either stack]).
@@ -107,7 +116,22 @@ class TieredStore {
             std::uint64_t len);
 
   void drain();  // waits until no action is pending
-  std::size_t pending() const { return pending_.size(); }
+  std::size_t pending() const { return pending_.size() + trailing_.size(); }
+
+  // Non-blocking use (TieredStoreOptions::blocking = false, Note [Non-blocking calls]).
+  // One pass without waiting: starts what can start, completes what is done, and settles the
+  // admissions once no admission-critical action is pending. Returns the requests whose
+  // admission was rolled back (the caller still owns them and may submit them again).
+  std::vector<RequestId> poll();
+  // True when the request runs and none of its blocks has a pending action.
+  bool ready(RequestId id) const;
+  // The prepared actions not started yet, in seq order (a driver picks recompute-or-fetch
+  // from them before the next poll()).
+  std::vector<const Action*> unstarted() const;
+  // Token block `block` of the request is recomputed, not fetched (Note [Recompute in
+  // place]): its unstarted promotions drop the old copies and take a write lease in their
+  // target tier instead of reading. Call before the next poll().
+  void recompute(RequestId id, std::uint32_t block);
   // Throws std::logic_error if a settled block's engine copies are not where the manager says
   // (memory copy in another tier, two memory copies, none in its tier), or, with nothing
   // pending, if the engine's bytes per tier are not the manager's slots.
@@ -128,7 +152,13 @@ class TieredStore {
     bool started = false;
     bool staged = false;  // holds a staging slot (SSD -> HBM)
     bool landed = false;  // a move to memory whose copy is there; the other one still to drop
+    bool rewrite = false;  // recompute(): written in place, not fetched
     unsigned attempts = 0;
+  };
+  struct Trail {  // a move to SSD completed to the manager, its SSD write still draining
+    Tier from = Tier::host;
+    bool reported = false;  // the manager was told (ok, or lost)
+    unsigned attempts = 1;
   };
   std::vector<RequestId> execute();  // submits the prepared actions, settles admissions
   void enqueue();                    // the manager's prepared actions into pending_
@@ -136,6 +166,9 @@ class TieredStore {
   bool pump();                       // one pass; true if anything changed
   void wait_until(const std::function<bool()>& done);
   std::optional<Outcome> step(Exec& x);  // starts or polls; an outcome once it is done
+  std::optional<Outcome> step_staged_write(Exec& x);  // a move to SSD through write-back slots
+  bool trail(engine::TensorId id, Trail& t);  // polls a draining write; true once it is done
+  std::vector<Admission> decided(std::vector<Admission> a);  // finish/admit_waiting's tail
   void resolve(std::uint64_t seq, Outcome o);
   bool ready(const Action& a) const;
   std::vector<Admission> settled(std::vector<Admission> adm);  // those still running
@@ -153,6 +186,8 @@ class TieredStore {
   std::map<std::uint64_t, Exec> pending_;            // by seq: started in that order
   std::unordered_map<engine::TensorId, unsigned> block_pending_;  // pending actions per block
   unsigned staging_ = 0;                                          // staging slots in use
+  std::map<engine::TensorId, Trail> trailing_;  // Note [Write-behind staging]
+  std::uint64_t writeback_ = 0;                 // write-back slots in use
   std::uint64_t lost_seen_ = 0;  // engine lost_tensors already reaped
   TieredStoreStats st_;
 };

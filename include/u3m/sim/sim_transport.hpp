@@ -83,6 +83,12 @@ class SimTransport final : public engine::Transport {
   bool ssd_holds(std::uint64_t key) const override { return ssd_.contains(key); }
 
   const SimLinkStats& link(engine::Link l) const { return stats_[static_cast<int>(l)]; }
+  // Books `bytes` on `l` now for a transfer no engine asked for (the serving simulator's
+  // decode reads of DRAM-resident KV, Note [KV streaming] in serving_sim.cpp): it queues with
+  // the engine's transfers and counts in the link's stats. Returns when it is through (ns).
+  std::uint64_t book(engine::Link l, std::uint64_t bytes);
+  // Seconds a transfer issued now on `l` would wait for those booked before it.
+  double ahead_s(engine::Link l) const;
   std::uint64_t ssd_used() const { return ssd_used_; }
   std::uint64_t ssd_peak() const { return ssd_peak_; }
   const SimTransportConfig& config() const { return config_; }
