@@ -33,6 +33,8 @@ nlohmann::json train_scenario_json(const TrainScenario& s) {
           {"mixed_precision", t.mixed_precision},
           {"recompute", t.recompute},
           {"lora_rank", t.lora_rank},
+          {"lora_alpha", t.lora_alpha},
+          {"settings_search", s.search},
           {"optimizer", "adam"},
           {"hw", s.hw.name},
           {"version", kVersion}};
@@ -89,6 +91,7 @@ nlohmann::json train_result_json(const TrainResult& r) {
           {"stall_s", r.stall_s},
           {"hidden_fraction", r.hidden_fraction},
           {"optimizer_on_host", r.optimizer_on_host},
+          {"device_home", r.device_home},
           {"recompute_layers", r.recompute_layers},
           {"peak_bytes",
            {{"device", r.sim.peak_device}, {"host", r.sim.peak_host}, {"ssd", r.sim.peak_ssd}}},

@@ -1,6 +1,6 @@
 // lookahead: the trace-replay baseline. The trace is its own predictor: at
 // each step the tensors of the step `lookahead` ops ahead are prefetched;
-// LRU eviction; every step runs on the device (no home tiers).
+// LRU eviction; no home tiers; the optimizer where the caller placed it.
 #include "policies.hpp"
 
 namespace u3m::policy {
@@ -19,18 +19,20 @@ namespace {
 
 class Lookahead final : public TieringPolicy {
  public:
-  explicit Lookahead(unsigned k) : k_(k) {}
+  Lookahead(unsigned k, bool host_optimizer) : k_(k), host_optimizer_(host_optimizer) {}
   std::string_view name() const override { return "lookahead"; }
+  bool optimizer_on_host() const override { return host_optimizer_; }
   void on_step(std::size_t step, StepContext& ctx) override { prefetch_ahead(step, k_, ctx); }
 
  private:
   unsigned k_;
+  bool host_optimizer_;
 };
 
 }  // namespace
 
 std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in) {
-  return std::make_unique<Lookahead>(in.lookahead);
+  return std::make_unique<Lookahead>(in.lookahead, in.host_optimizer);
 }
 
 }  // namespace u3m::policy

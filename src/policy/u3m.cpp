@@ -74,7 +74,9 @@ class U3mPolicy final : public TieringPolicy {
     const double s = score(tensor);
     return {s, s};
   }
-  std::optional<Tier> home_tier(const trace::Tensor& x) const override { return seed_home(x); }
+  std::optional<Tier> home_tier(const trace::Tensor& x) const override {
+    return tiered_home(x, device_home, host_optimizer);
+  }
   bool optimizer_on_host() const override { return host_optimizer; }
   void on_step(std::size_t j, StepContext& ctx) override;
   const U3mPolicyStats& stats() const { return stats_; }
@@ -107,6 +109,7 @@ class U3mPolicy final : public TieringPolicy {
   std::uint64_t now_ns = 0;
   std::uint32_t horizon = 16;
   bool host_optimizer = false;
+  bool device_home = false;
   U3mPolicyOptions opt;
   bool has_ssd = false;
 
@@ -138,7 +141,7 @@ class U3mPolicy final : public TieringPolicy {
 };
 
 U3mPolicy::U3mPolicy(const PolicyInputs& in)
-    : host_optimizer(in.host_optimizer), opt(in.u3m), has_ssd(in.has_ssd), h2d(in.h2d), s2h(in.s2h) {
+    : host_optimizer(in.host_optimizer), device_home(in.device_home), opt(in.u3m), has_ssd(in.has_ssd), h2d(in.h2d), s2h(in.s2h) {
   const trace::Trace& t = in.trace;
   auto log = in.window_log ? in.window_log : make_window_log(t);
   if (&log->feed().trace() != &t)
