@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   u3m::python::bind_runtime(m);
   u3m::python::bind_kv(m);
   u3m::python::bind_serve(m);
+  u3m::python::bind_metrics(m);
 }
