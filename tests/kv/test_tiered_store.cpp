@@ -699,7 +699,7 @@ TEST(KvTieredStore, StagedWritesToSsdAndRecomputedPromotions) {
         Admission a;
         ASSERT_EQ(store.submit(id, r, &a), SubmitResult::admitted) << id;
         if (recompute)
-          for (const Action* m : store.unstarted())
+          for (const Action* m : store.emitted())
             if (m->reason == Action::Reason::promote) {
               const auto& table = store.manager().table(id);
               const auto b = std::find(table.begin(), table.end(), m->block / kMaxGroups);
