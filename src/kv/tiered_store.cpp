@@ -13,8 +13,9 @@ namespace u3m::kv {
 
 // Note [Capacities agree]
 // The engine's device capacity is exactly the manager's device slots times slot_bytes, its
-// host capacity the manager's host slots plus one, and its victim score is +inf for every
-// copy, so the engine never evicts on its own: the manager decides every move. Why:
+// host capacity the manager's host slots plus the staging and write-back slots (below, and
+// Note [Write-behind staging]), and its victim order is `owner`, so the engine never evicts on
+// its own: the manager decides every move, and the KV path has one eviction engine. Why:
 //  - a smaller cap, or the engine's own LRU eviction, would move blocks behind the manager's
 //    back (ignoring prefix priority, pins and PGDSF) and the block tables would point at the
 //    wrong tier. That is not hypothetical: with watermark eviction on (even at 100%), during

@@ -79,8 +79,9 @@ struct StoreStack {
 class TieredStore {
  public:
   // Validates `config` (InputError naming the field) and builds the engine with capacities
-  // equal to the manager's: Note [Capacities agree]. Needs a host tier (capacity_slots[host]
-  // > 0): the engine stages every SSD move through host memory.
+  // equal to the manager's: Note [Capacities agree]. With an SSD tier it needs a host tier
+  // (capacity_slots[host] > 0) or write-back slots: the engine stages every SSD move through
+  // host memory.
   explicit TieredStore(KvConfig config, TieredStoreOptions options = {});
   // Over the caller's stack, which must outlive the store: its engine's capacities must be
   // stack_spec(config, options)'s (std::invalid_argument otherwise).
