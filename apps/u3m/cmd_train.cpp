@@ -42,6 +42,7 @@ struct TrainArgs {
   // sim, symmetric for capacity, which runs hundreds of simulations).
   std::string card_model;
   bool recalibrate = true;
+  bool stream_ahead = true;
   double recalibrate_period_s = 0;
   std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
@@ -58,6 +59,7 @@ experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card
   s.train = a.train;
   s.policy = a.policy;
   s.u3m.recalibrate = a.recalibrate;
+  s.u3m.stream_layer_ahead = a.stream_ahead;
   s.u3m.recalibrate_period_s = a.recalibrate_period_s;
   if (a.prefetch != "fixed" && a.prefetch != "link")
     input_error("--prefetch", "expected fixed or link, got '{}'", a.prefetch);
@@ -563,6 +565,10 @@ void add_scenario_options(CLI::App* c, TrainArgs& a) {
   c->add_option("--recalibrate", a.recalibrate,
                 "u3m policy: recalibrate the heat thresholds during the run and demote cold "
                 "copies (docs/policy.md)")
+      ->capture_default_str();
+  c->add_option("--stream-ahead", a.stream_ahead,
+                "u3m policy: at each ZeRO-3 gather, prefetch the next gather's weight shards "
+                "(one layer ahead)")
       ->capture_default_str();
   c->add_option("--recalibrate-period", a.recalibrate_period_s,
                 "u3m policy: virtual seconds between recalibrations (0 = a tenth of the first "

@@ -644,6 +644,19 @@ std::vector<CapacityRow> training_capacity(
       row.next_params = r.params;
       break;
     }
+    // Past the named family: the ladder in steps of 25%.
+    for (std::uint64_t q = row.max_params; row.max_params > 0 && row.next_params == 0 &&
+                                           q < 64'000'000'000'000ull;) {
+      const auto one = llama_ladder(q + q / 4, q + q / 2);
+      if (one.empty()) break;
+      TrainResult r = run(one.front());
+      if (!within(r, max_loss)) {
+        row.next_params = r.params;
+        break;
+      }
+      keep(one.front(), r);
+      q = r.params;
+    }
     // Fine: between the two, over the family's rules.
     if (row.max_params > 0 && row.next_params > 0) {
       const auto ladder = llama_ladder(row.max_params + 1, row.next_params - 1);

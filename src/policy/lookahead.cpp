@@ -17,6 +17,32 @@ void prefetch_ahead(std::size_t step, unsigned k, StepContext& ctx) {
 
 namespace {
 
+bool is_gather(const trace::Op& op) {
+  return op.cls == trace::OpClass::collective && op.name.find("all_gather") != std::string::npos;
+}
+
+}  // namespace
+
+std::vector<std::size_t> next_gathers(const trace::Trace& t, const std::vector<Step>& steps) {
+  std::vector<std::size_t> out(steps.size(), SIZE_MAX);
+  std::size_t next = SIZE_MAX;
+  for (std::size_t j = steps.size(); j-- > 0;) {
+    out[j] = next;
+    if (is_gather(t.ops[steps[j].op])) next = j;
+  }
+  return out;
+}
+
+void stream_layer_ahead(std::size_t step, const std::vector<std::size_t>& next, StepContext& ctx) {
+  if (step >= next.size() || next[step] == SIZE_MAX) return;
+  const trace::Trace& tr = ctx.trace();
+  if (!is_gather(tr.ops[ctx.steps()[step].op])) return;
+  for (const Touch& t : ctx.steps()[next[step]].touches)
+    if (!t.writes && tr.tensors[t.tensor].role == trace::Role::param) ctx.prefetch(t.tensor);
+}
+
+namespace {
+
 class Lookahead final : public TieringPolicy {
  public:
   Lookahead(unsigned k, bool host_optimizer) : k_(k), host_optimizer_(host_optimizer) {}

@@ -19,7 +19,7 @@ class Oracle final : public TieringPolicy {
  public:
   explicit Oracle(const PolicyInputs& in)
       : host_optimizer_(in.host_optimizer), device_home_(in.device_home),
-        uses_(in.trace.tensors.size()) {
+        uses_(in.trace.tensors.size()), next_gather_(next_gathers(in.trace, in.steps)) {
     for (std::size_t j = 0; j < in.steps.size(); ++j)
       for (const Touch& t : in.steps[j].touches) uses_[t.tensor].push_back(j);
   }
@@ -46,6 +46,7 @@ class Oracle final : public TieringPolicy {
     }
     ctx.publish(updates_);
     prefetch_ahead(step, 8, ctx);
+    stream_layer_ahead(step, next_gather_, ctx);  // Note [Layer-ahead streaming] in u3m.cpp
   }
 
  private:
@@ -57,6 +58,7 @@ class Oracle final : public TieringPolicy {
   bool host_optimizer_, device_home_;
   std::vector<std::vector<std::size_t>> uses_;  // steps using each tensor, ascending
   std::vector<engine::Engine::ScoreUpdate> updates_;
+  std::vector<std::size_t> next_gather_;
 };
 
 }  // namespace

@@ -25,4 +25,10 @@ Tier seed_home(const trace::Tensor& x);
 // a host optimizer works on (DRAM).
 Tier tiered_home(const trace::Tensor& x, bool device_home, bool host_optimizer);
 
+// Note [Layer-ahead streaming] in u3m.cpp: by step, the next ZeRO-3 gather
+// step (SIZE_MAX: none); and at a gather step, the prefetch of the weight
+// shards the next gather reads. u3m and the oracle both stream.
+std::vector<std::size_t> next_gathers(const trace::Trace& t, const std::vector<Step>& steps);
+void stream_layer_ahead(std::size_t step, const std::vector<std::size_t>& next, StepContext& ctx);
+
 }  // namespace u3m::policy

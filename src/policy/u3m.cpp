@@ -63,6 +63,16 @@ namespace {
 // those that entered or left the window.
 constexpr double kInWindow = 1e12;
 
+// Note [Layer-ahead streaming]
+// A ZeRO-3 gather reads the layer's weight shards; with the shards in DRAM
+// (frozen LoRA weights, or a model whose shards do not fit) each must cross
+// the host link before its gather. A 16-op window reaches the next gather
+// only once the current layer's own gather is done, leaving the link the
+// few compute ops of the layer; issued at the current gather instead, the
+// next layer's shards have the whole layer (its gather on the card link,
+// which the host link does not share). The trace gives the gathers' order,
+// the same every iteration (what a framework's module order gives).
+
 class U3mPolicy final : public TieringPolicy {
  public:
   explicit U3mPolicy(const PolicyInputs& in);
@@ -138,6 +148,8 @@ class U3mPolicy final : public TieringPolicy {
   std::vector<std::uint64_t> changed_stamp_;
   std::uint64_t step_stamp_ = 1;
   std::vector<engine::Engine::ScoreUpdate> updates_;
+  // Layer-ahead streaming: by step, the next gather step (SIZE_MAX: none).
+  std::vector<std::size_t> next_gather_;
 };
 
 U3mPolicy::U3mPolicy(const PolicyInputs& in)
@@ -150,6 +162,7 @@ U3mPolicy::U3mPolicy(const PolicyInputs& in)
   window.emplace(std::move(log));
   in_window.assign(t.tensors.size(), 0);
   changed_stamp_.assign(t.tensors.size(), 0);
+  if (opt.stream_layer_ahead) next_gather_ = next_gathers(t, in.steps);
   for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
     const trace::Tensor& x = t.tensors[i];
     heat.set_tensor(i, x.bytes);
@@ -214,6 +227,7 @@ void U3mPolicy::on_step(std::size_t j, StepContext& ctx) {
       ctx.prefetch(x.tensor);
   }
   if (opt.jit_prefetch) issue_due(j, ctx);
+  stream_layer_ahead(j, next_gather_, ctx);
   if (opt.recalibrate && calibrated && now_ns >= rc.last_ns + rc.period_ns) recalibrate(ctx);
   stats_.hot = th.hot;
   stats_.warm = th.warm;

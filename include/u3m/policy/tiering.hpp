@@ -101,6 +101,9 @@ struct U3mPolicyOptions {
   // (simulated, docs/policy.md), because an idle link is lost time there and
   // the wider window it needs shields more tensors from eviction.
   bool jit_prefetch = false;
+  // Note [Layer-ahead streaming] in u3m.cpp: at each ZeRO-3 gather, prefetch
+  // the weight shards the next gather reads (one layer ahead).
+  bool stream_layer_ahead = true;
   JitConfig jit{};
 };
 
