@@ -274,12 +274,16 @@ void report(const Planner& p, const std::string& target, const std::string& labe
   // Without a card price: tiered is cheaper iff a card costs more than this.
   double break_even = NAN;
   if (h && t && t->cards < h->cards) break_even = (t->extras - h->extras) / (h->cards - t->cards);
+  std::vector<const Config*> tried;  // listed cheapest first (serving simulates every group)
+  for (const Config& c : p.configs)
+    if (c.tried) tried.push_back(&c);
+  std::stable_sort(tried.begin(), tried.end(),
+                   [](const Config* x, const Config* y) { return Planner::cheaper(*x, *y); });
   if (p.a.json) {
     json j = {{"plan", "cost"}, {"target", target}, {"figures", label}, {"currency", "CNY"},
               {"prices_file", p.prices.origin}, {"usd_cny", p.prices.usd_cny}};
     j["configs"] = json::array();
-    for (const Config& c : p.configs)
-      if (c.tried) j["configs"].push_back(config_json(c));
+    for (const Config* c : tried) j["configs"].push_back(config_json(*c));
     j["cheapest"] = win ? config_json(*win) : json(nullptr);
     j["cheapest_hbm_only"] = h ? config_json(*h) : json(nullptr);
     j["cheapest_tiered"] = t ? config_json(*t) : json(nullptr);
@@ -300,10 +304,9 @@ void report(const Planner& p, const std::string& target, const std::string& labe
              p.prices.at("ssd_drive", "").cny, p.prices.usd_cny);
   fmt::print("  {:<44} {:>14} {:>14}  {}\n", "configuration (simulated, cheapest first)", "cost",
              "DRAM+SSD", "result");
-  for (const Config& c : p.configs)
-    if (c.tried)
-      fmt::print("  {:<44} {:>14} {:>14}  {}{}\n", c.name(), money(c.cost), money(c.extras),
-                 c.meets ? "meets: " : "misses: ", c.why.substr(0, 90));
+  for (const Config* c : tried)
+    fmt::print("  {:<44} {:>14} {:>14}  {}{}\n", c->name(), money(c->cost), money(c->extras),
+               c->meets ? "meets: " : "misses: ", c->why.substr(0, 90));
   auto line = [&](const char* what, const Config* c) {
     fmt::print("  {:<18} {}\n", what,
                c ? fmt::format("{} ({})", c->name(), money(c->cost)) : "none up to --max-cards");

@@ -15,6 +15,9 @@
 #include "commands.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/drive/replay.hpp"
+#include "u3m/observe/fanout.hpp"
+#include "u3m/observe/metrics.hpp"
+#include "u3m/observe/timeline.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/util/version.hpp"
@@ -29,6 +32,8 @@ struct ReplayArgs {
   double device_fraction = 0.5;
   drive::ReplayOptions opt;
   bool json = false;
+  int metrics_port = -1;  // -1 = no metrics server
+  std::string timeline;   // "" = none
   const CLI::App* cmd = nullptr;  // given flags: an empty size is an error, not the default
 };
 
@@ -139,7 +144,26 @@ int run_replay(ReplayArgs& a) {
   auto progress = [&](std::uint64_t done, std::uint64_t total) {
     if (tty) fmt::print(stderr, "\r  replaying: {}/{} events", done, total);
   };
+  // docs/operators.md: metrics served while the replay runs, a timeline written after it.
+  observe::Metrics metrics;
+  observe::Timeline timeline;
+  observe::Fanout observers;
+  if (!a.timeline.empty()) {
+    if (std::FILE* f = std::fopen(a.timeline.c_str(), "wb"))  // fail now, not after the run
+      std::fclose(f);
+    else
+      input_error("--timeline", "cannot write '{}'", a.timeline);
+    observers.add(&timeline);
+  }
+  if (a.metrics_port >= 0) {
+    const int port = metrics.serve(a.metrics_port);
+    fmt::print(stderr, "u3m: serving metrics on http://127.0.0.1:{}/metrics\n", port);
+    observers.add(&metrics);
+  }
+  if (!observers.empty()) o.observer = &observers;
   drive::ReplayReport r = drive::replay_trace(t, o, progress);
+  if (!a.timeline.empty())
+    timeline.write(a.timeline, fmt::format("wall clock, measured on {}", machine()));
   if (tty) fmt::print(stderr, "\r\033[K");
   if (!r.ssd_notice.empty()) fmt::print(stderr, "u3m: note: {}\n", r.ssd_notice);
   if (r.out_of_memory)
@@ -300,6 +324,13 @@ void add_run_commands(CLI::App& app) {
   rp->add_option("--d2h-gbps", a->opt.d2h_gbps, "Throttle device-to-host copies (GB/s, 0 = none)");
   rp->add_option("--max-events", a->opt.max_events, "Replay only the first N events (0 = all)");
   rp->add_flag("--json", a->json, "Print one JSON object");
+  rp->add_option("--metrics-port", a->metrics_port,
+                 "Serve Prometheus metrics on http://127.0.0.1:PORT/metrics while the replay "
+                 "runs (0 = any free port, printed on stderr; docs/operators.md)")
+      ->check(CLI::Range(0, 65535));
+  rp->add_option("--timeline", a->timeline,
+                 "Write the run's timeline as Chrome trace / Perfetto JSON (trace-event format; "
+                 "docs/operators.md)");
   rp->callback([a, rp] {
     a->cmd = rp;
     int rc = run_replay(*a);

@@ -2,6 +2,7 @@
 // (docs/training.md). `sim` and `capacity` print figures simulated with a
 // named hardware profile, never measured; `check` compares a measured run on
 // this machine with its simulation and labels each side.
+#include <charconv>
 #include <cmath>
 #include <ctime>
 #include <memory>
@@ -34,12 +35,15 @@ struct TrainArgs {
   std::uint32_t cards = 4, steps = 3;
   workload::TrainConfig train;
   double max_loss = 0.05;
+  double resolution = 0.02;          // capacity: bisect to this relative gap
+  std::string full_ft = "1,8,16";    // capacity: full fine-tuning depths also swept
   std::string fail_card;  // "K@STEP"
   bool fail_card_given = false;  // an empty --fail-card is an error, not "no failure"
   // "separate" | "symmetric"; empty: the command's default (separate for
   // sim, symmetric for capacity, which runs hundreds of simulations).
   std::string card_model;
   bool recalibrate = true;
+  bool stream_ahead = true;
   double recalibrate_period_s = 0;
   std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
@@ -69,6 +73,7 @@ experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card
   s.train = a.train;
   s.policy = a.policy;
   s.u3m.recalibrate = a.recalibrate;
+  s.u3m.stream_layer_ahead = a.stream_ahead;
   s.u3m.recalibrate_period_s = a.recalibrate_period_s;
   if (a.prefetch != "fixed" && a.prefetch != "link")
     input_error("--prefetch", "expected fixed or link, got '{}'", a.prefetch);
@@ -214,73 +219,181 @@ void run_sim(const TrainArgs& a) {
                  : "; h2s/s2h: one card's static share of the drives");
 }
 
-void run_capacity(const TrainArgs& a) {
+// The capacity sweeps of `train capacity`: the scenario given (by default
+// the design's, LoRA r=16), then full fine-tuning at each --full-ft depth.
+struct CapacitySweep {
+  experiments::TrainScenario s;
+  std::vector<experiments::CapacityRow> rows;
+  experiments::PhysicalBound bound;
+  std::uint64_t base_params = 0;  // hbm-only's
+};
+
+std::vector<std::uint32_t> parse_depths(const std::string& text) {
+  std::vector<std::uint32_t> out;
+  if (text == "none") return out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string part = text.substr(at, comma - at);
+    std::uint32_t v = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc{} || end != part.data() + part.size() || v == 0)
+      input_error("--full-ft", "'{}': expected grad-accum depths >= 1, e.g. 1,8,16, or none",
+                  text);
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
+
+std::string bound_text(const experiments::BoundShape& b) {
+  if (b.params == 0) return "none";
+  return fmt::format(
+      "{:.2f}B ({}, loss >= {:.1f}%, {} recomputed layers, optimizer on the {}; per card per "
+      "step h2d {}, d2h {}, SSD {}; {})",
+      double(b.params) / 1e9, b.model, 100 * b.loss, b.recompute_layers,
+      b.optimizer_on_host ? "host" : "device", gb(double(b.h2d)), gb(double(b.d2h)),
+      gb(double(b.ssd)), b.binding);
+}
+
+nlohmann::json bound_json(const experiments::BoundShape& b) {
+  return {{"params", b.params},         {"model", b.model},
+          {"loss", b.loss},             {"recompute_layers", b.recompute_layers},
+          {"optimizer_on_host", b.optimizer_on_host},
+          {"ideal_step_s", b.ideal_s},  {"compute_s", b.compute_s},
+          {"footprint_bytes", b.footprint},
+          {"h2d_bytes", b.h2d},         {"d2h_bytes", b.d2h},
+          {"ssd_bytes", b.ssd},         {"host_adam_s", b.host_adam_s},
+          {"binding", b.binding}};
+}
+
+std::string scenario_label(const experiments::TrainScenario& s) {
+  return fmt::format(
+      "simulated with profile {} x {} cards (ZeRO-3), {}, micro-batch {} x {} tokens, grad-accum "
+      "{}, Adam, 16-bit weights; llama family (docs/training.md); not measured",
+      s.hw.name, s.cards,
+      s.train.lora() ? fmt::format("LoRA r={} alpha={:g}", s.train.lora_rank, s.train.lora_alpha)
+                     : std::string("full fine-tuning"),
+      s.train.micro_batch_size, s.train.seq_len, s.train.micro_batches);
+}
+
+nlohmann::json sweep_json(const CapacitySweep& w, double max_loss) {
+  nlohmann::json j = {{"label", scenario_label(w.s)},
+                      {"scenario", experiments::train_scenario_json(w.s)}};
+  j["scenario"]["max_loss"] = max_loss;
+  j["scenario"]["family"] = "llama family (docs/training.md)";
+  for (const auto& r : w.rows) {
+    nlohmann::json tried = nlohmann::json::array();
+    for (const auto& t : r.tried) {
+      tried.push_back({{"params", t.params},
+                       {"fits", t.fits},
+                       {"loss", t.loss},
+                       {"step_s", t.step_s},
+                       {"recompute_layers", t.recompute_layers},
+                       {"optimizer_on_host", t.optimizer_on_host}});
+    }
+    j["policies"][r.policy] = {
+        {"max_params", r.max_params},
+        {"model", r.model},
+        {"loss", r.loss},
+        {"step_s", r.step_s},
+        {"recompute_layers", r.recompute_layers},
+        {"optimizer_on_host", r.optimizer_on_host},
+        {"device_home", r.device_home},
+        {"next_params", r.next_params},
+        {"gain_vs_hbm_only", w.base_params ? double(r.max_params) / double(w.base_params) : 0.0},
+        {"tried", tried}};
+  }
+  j["physical_bound"] = {{"overlapped", bound_json(w.bound.overlapped)},
+                         {"serial", bound_json(w.bound.serial)}};
+  return j;
+}
+
+void print_sweep(const CapacitySweep& w, double max_loss) {
+  fmt::print("training capacity, {}; bound: loss <= {:.0f}%\n", scenario_label(w.s),
+             100 * max_loss);
+  fmt::print("  {:<15} {:>12} {:>17} {:>8} {:>8} {:>10} {:>9} {:>9} {:>6}\n", "policy",
+             "max params", "model", "loss", "step s", "vs hbm-only", "recompute", "optimizer",
+             "start");
+  for (const auto& r : w.rows) {
+    if (r.max_params == 0) {  // not even the smallest shape met the bound
+      fmt::print("  {:<15} {:>12} {:>17} {:>8} {:>8} {:>10}\n", r.policy, "none", "-", "-", "-",
+                 "-");
+      continue;
+    }
+    fmt::print("  {:<15} {:>11.2f}B {:>17} {:>7.1f}% {:>8.3f} {:>9.2f}x {:>9} {:>9} {:>6}\n",
+               r.policy, double(r.max_params) / 1e9, r.model, 100 * r.loss, r.step_s,
+               w.base_params ? double(r.max_params) / double(w.base_params) : 0.0,
+               r.recompute_layers, r.optimizer_on_host ? "host" : "device",
+               r.device_home ? "device" : "seed");
+  }
+  fmt::print("  physical bound (no schedule does better, Note [Physical bound]): {}\n",
+             bound_text(w.bound.overlapped));
+  if (w.base_params && w.bound.overlapped.params)
+    fmt::print("    = {:.2f}x hbm-only\n",
+               double(w.bound.overlapped.params) / double(w.base_params));
+  fmt::print("  serial yardstick (every transfer added to the step): {}\n",
+             bound_text(w.bound.serial));
+  // What limits the larger shapes: the smallest failing shape each policy tried.
+  fmt::print("  smallest shape tried over the bound, per policy:\n");
+  for (const auto& r : w.rows) {
+    const experiments::TrainResult* first = nullptr;
+    for (const auto& t : r.tried)
+      if (!(t.fits && t.loss <= max_loss) && (!first || t.params < first->params)) first = &t;
+    if (!first) continue;
+    const auto& t = *first;
+    fmt::print("    {:<15} {:.2f}B params: {}\n", r.policy, double(t.params) / 1e9,
+               t.fits ? fmt::format("loss {:.1f}% (step {:.3f} s vs {:.3f} s ideal, stall {:.3f} s)",
+                                    100 * t.loss, t.step_s, t.ideal_step_s, t.stall_s)
+                      : t.why.substr(0, 110));
+  }
+}
+
+void run_capacity(const TrainArgs& a, bool lora_given) {
   TrainArgs base = a;
   base.policy = "u3m";
-  experiments::TrainScenario s = scenario(base, "symmetric");
+  if (!lora_given) base.train.lora_rank = 16;  // the design's scenario
+  std::vector<experiments::TrainScenario> scenarios = {scenario(base, "symmetric")};
+  for (std::uint32_t ga : parse_depths(a.full_ft)) {
+    TrainArgs f = base;
+    f.train.lora_rank = 0;
+    f.train.micro_batches = ga;
+    scenarios.push_back(scenario(f, "symmetric"));
+  }
   const std::vector<std::string> pols =
       parse_name_list(a.policies, "--policies", experiments::train_policy_names());
+  if (!(a.max_loss >= 0 && a.max_loss < 1))
+    input_error("--max-loss", "must be in [0, 1), got {}", a.max_loss);
+  if (!(a.resolution > 0 && a.resolution < 1))
+    input_error("--resolution", "must be in (0, 1), got {}", a.resolution);
   const bool tty = isatty(STDERR_FILENO) && !a.json;
   auto progress = [&](const std::string& what) {
     if (tty) fmt::print(stderr, "\r\033[K  simulating {}", what);
   };
-  auto rows = experiments::training_capacity(s, pols, a.max_loss, progress);
-  if (tty) fmt::print(stderr, "\r\033[K");
-  std::uint64_t base_params = 0;
-  for (const auto& r : rows) {
-    if (r.policy == "hbm-only") base_params = r.max_params;
+  std::vector<CapacitySweep> sweeps;
+  for (const experiments::TrainScenario& s : scenarios) {
+    CapacitySweep w;
+    w.s = s;
+    w.rows = experiments::training_capacity(s, pols, a.max_loss, progress, a.resolution);
+    w.bound = experiments::physical_bound(s, a.max_loss);
+    for (const auto& r : w.rows)
+      if (r.policy == "hbm-only") w.base_params = r.max_params;
+    sweeps.push_back(std::move(w));
   }
+  if (tty) fmt::print(stderr, "\r\033[K");
   if (a.json) {
-    nlohmann::json j = {{"scenario", experiments::train_scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
-    j["scenario"]["max_loss"] = a.max_loss;
-    j["scenario"]["family"] = "llama family (docs/training.md)";
-    for (const auto& r : rows) {
-      nlohmann::json tried = nlohmann::json::array();
-      for (const auto& t : r.tried) {
-        tried.push_back(
-            {{"params", t.params}, {"fits", t.fits}, {"loss", t.loss}, {"step_s", t.step_s}});
-      }
-      j["policies"][r.policy] = {
-          {"max_params", r.max_params},
-          {"model", r.model},
-          {"loss", r.loss},
-          {"step_s", r.step_s},
-          {"gain_vs_hbm_only", base_params ? double(r.max_params) / double(base_params) : 0.0},
-          {"tried", tried}};
-    }
+    nlohmann::json j = sweep_json(sweeps.front(), a.max_loss);
+    j["profile"] = sim::profile_json(sweeps.front().s.hw);
+    j["full_ft"] = nlohmann::json::array();
+    for (std::size_t i = 1; i < sweeps.size(); ++i)
+      j["full_ft"].push_back(sweep_json(sweeps[i], a.max_loss));
     j["config"] = a.config_used;
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  fmt::print(
-      "training capacity, simulated with profile {} x {} cards (ZeRO-3), micro-batch {} x {} "
-      "tokens, grad-accum {}, Adam, 16-bit weights; bound: loss <= {:.0f}%\n",
-      s.hw.name, s.cards, s.train.micro_batch_size, s.train.seq_len, s.train.micro_batches,
-      100 * a.max_loss);
-  fmt::print("  {:<15} {:>12} {:>11} {:>8} {:>8} {:>10}\n", "policy", "max params", "model", "loss",
-             "step s", "vs hbm-only");
-  for (const auto& r : rows) {
-    if (r.max_params == 0) {  // not even the smallest shape met the bound
-      fmt::print("  {:<15} {:>12} {:>11} {:>8} {:>8} {:>10}\n", r.policy, "none", "-", "-", "-",
-                 "-");
-      continue;
-    }
-    fmt::print("  {:<15} {:>11.2f}B {:>11} {:>7.1f}% {:>8.3f} {:>9.2f}x\n", r.policy,
-               double(r.max_params) / 1e9, r.model, 100 * r.loss, r.step_s,
-               base_params ? double(r.max_params) / double(base_params) : 0.0);
-  }
-  // What limits the larger shapes: the first one each policy could not take.
-  fmt::print("  first shape over the bound, per policy:\n");
-  for (const auto& r : rows) {
-    for (const auto& t : r.tried) {
-      if (t.fits && t.loss <= a.max_loss) continue;
-      fmt::print("    {:<15} {:.2f}B params: {}\n", r.policy, double(t.params) / 1e9,
-                 t.fits
-                     ? fmt::format("loss {:.1f}% (step {:.3f} s vs {:.3f} s ideal, stall {:.3f} s)",
-                                   100 * t.loss, t.step_s, t.ideal_step_s, t.stall_s)
-                     : t.why.substr(0, 110));
-      break;
-    }
+  for (std::size_t i = 0; i < sweeps.size(); ++i) {
+    if (i > 0) fmt::print("\n");
+    print_sweep(sweeps[i], a.max_loss);
   }
 }
 
@@ -460,7 +573,8 @@ void add_scenario_options(CLI::App* c, TrainArgs& a) {
   c->add_option("--seq", a.train.seq_len, "Tokens per sequence")->capture_default_str();
   c->add_option("--grad-accum", a.train.micro_batches, "Micro-batches per optimizer step")
       ->capture_default_str();
-  c->add_option("--lora-rank", a.train.lora_rank, "LoRA rank (0 = full fine-tuning)")
+  c->add_option("--lora-rank", a.train.lora_rank,
+                "LoRA rank (0 = full fine-tuning); train capacity: 16 unless given")
       ->capture_default_str();
   c->add_flag("--recompute", a.train.recompute, "Recompute activations per layer in backward");
   c->add_option("--steps", a.steps, "Steps simulated; the last is reported")->capture_default_str();
@@ -473,6 +587,10 @@ void add_scenario_options(CLI::App* c, TrainArgs& a) {
   c->add_option("--recalibrate", a.recalibrate,
                 "u3m policy: recalibrate the heat thresholds during the run and demote cold "
                 "copies (docs/policy.md)")
+      ->capture_default_str();
+  c->add_option("--stream-ahead", a.stream_ahead,
+                "u3m policy: at each ZeRO-3 gather, prefetch the next gather's weight shards "
+                "(one layer ahead)")
       ->capture_default_str();
   c->add_option("--recalibrate-period", a.recalibrate_period_s,
                 "u3m policy: virtual seconds between recalibrations (0 = a tenth of the first "
@@ -515,14 +633,23 @@ void add_train_commands(CLI::App& app) {
   auto* cap = train->add_subcommand(
       "capacity",
       "For each policy, the largest model of the llama family that trains within the "
-      "throughput-loss bound, and its gain against hbm-only");
+      "throughput-loss bound (to --resolution), its gain against hbm-only and the physical "
+      "bound; by default the design's LoRA r=16 scenario, then full fine-tuning at --full-ft");
   cap->add_option("--max-loss", a->max_loss, "Throughput-loss bound, e.g. 0.05")
       ->capture_default_str();
   cap->add_option("--policies", a->policies, "Comma-separated policies")->capture_default_str();
+  cap->add_option("--resolution", a->resolution,
+                  "Bisect each policy's capacity until the largest size within the bound and the "
+                  "smallest beyond it are this close (0.02 = 2%)")
+      ->capture_default_str();
+  cap->add_option("--full-ft", a->full_ft,
+                  "Also sweep full fine-tuning at these grad-accum depths (comma-separated), or "
+                  "none")
+      ->capture_default_str();
   add_scenario_options(cap, *a);
   cap->callback([a, cap] {
     apply_config(*a, cap);
-    run_capacity(*a);
+    run_capacity(*a, cap->count("--lora-rank") > 0);
   });
 
   auto ca = std::make_shared<CheckArgs>();

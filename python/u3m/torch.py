@@ -111,17 +111,23 @@ from . import _core
 
 
 
-# A read lease is a read-only buffer and torch, which has no read-only tensors, warns about it;
-# the offload never writes through one, so the warning is silenced for this module's calls only
-# (the filter matches the module the warning is attributed to), not for the user's own code.
-# Once at import: a catch_warnings() per call cost ~8 us a lease.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning,
-                        module=r"u3m\.torch$")
+_READ_ONLY_WARNED = False
 
 
 def _frombuffer(lease, dtype):
-    """torch.frombuffer over a lease (no copy)."""
-    return torch.frombuffer(lease, dtype=dtype)
+    """torch.frombuffer over a lease (no copy). A read lease is a read-only buffer and torch, which
+    has no read-only tensors, warns about it, once per process (TORCH_WARN_ONCE); the offload never
+    writes through one, so that warning is silenced, here only and not for the user's code. After
+    it has fired no catch_warnings is needed (one per lease cost ~8 us)."""
+    global _READ_ONLY_WARNED
+    if _READ_ONLY_WARNED:
+        return torch.frombuffer(lease, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable",
+                                category=UserWarning)
+        out = torch.frombuffer(lease, dtype=dtype)
+    _READ_ONLY_WARNED = not lease.writable
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,6 +455,7 @@ class Offload:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  budget_bytes: Optional[int] = None, budget_fraction: Optional[float] = None,
                  host_bytes: Optional[int] = None, policy: str = DEFAULT_POLICY, lookahead: int = 16,
+                 host_optimizer: bool = False,
                  offload_activations: bool = True, ssd_dir: str = "", ssd_bytes: int = 0,
                  ssd_faults: str = "", unit_policy: Optional[Callable] = None,
                  unit_bytes: Optional[int] = None):
@@ -503,7 +510,8 @@ class Offload:
         self._units_held: List[Optional[_Unit]] = []  # per active unit call
         self._hooks_pushed = False
         # The tiering policy decides prefetch, eviction order and op tiers (Note [Offload design]).
-        self.drv = _core.PolicyDriver(self.rt, policy, lookahead=lookahead, record=policy != "none")
+        self.drv = _core.PolicyDriver(self.rt, policy, lookahead=lookahead, host_optimizer=host_optimizer,
+                                      record=policy != "none")
         self.steps = 0
         self.saved_bytes = 0  # activation bytes copied into the engine
         self.faults = 0  # gathers of a tensor used outside its unit

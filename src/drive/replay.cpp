@@ -1,5 +1,7 @@
 #include "u3m/drive/replay.hpp"
 
+#include "u3m/drive/step_driver.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,7 +23,6 @@
 
 namespace u3m::drive {
 
-using engine::Access;
 using engine::BackendTransport;
 using engine::build_steps;
 using engine::Engine;
@@ -31,9 +32,6 @@ using engine::RealStack;
 using engine::StackSpec;
 using engine::Status;
 using engine::Step;
-using engine::TensorId;
-using engine::Tier;
-using engine::Touch;
 using engine::trace_footprint;
 using engine::Transfer;
 
@@ -83,20 +81,6 @@ bool check(const void* p, std::uint64_t bytes, std::uint64_t id, std::uint64_t v
   return bad == 0;
 }
 
-// Note [All demand fetches at once]
-// An op first asks for each of its tensors with try_acquire, which never
-// blocks and schedules a demand fetch (or the eviction that makes room) for
-// each one not ready, and only then waits, tensor by tensor, for those. One
-// blocking acquire after another would issue the second fetch only when the
-// first had landed, and the link would idle between them. The simulator
-// asks the same way (Note [Simulation loop] in src/sim/runner.cpp): the
-// first asks are the same calls in the same order (the differential test
-// checks them); after that the replay blocks in acquire where the simulator
-// re-polls try_acquire at each completion (issue 15: one driver would end
-// that difference). (On the tiny-mha check
-// configurations the measured stall barely changed: most ops miss at most one
-// tensor there, so the difference shows only for ops that miss several.)
-//
 // Note [Compute in replay]
 // With ReplayOptions::op_time, each op stands for a kernel running on the
 // device for that long: from the moment the op holds all its tensors, the
@@ -195,76 +179,16 @@ double transfer_overhead_s(const ReplayOptions& o, std::uint64_t bytes, int reps
 
 // Note [Replay under a budget]
 // Each op's events are one unit: the op acquires every tensor it touches in
-// the tier its policy runs it in (policy::TieringPolicy::op_tier; a write
-// lease if it writes the tensor, else a read lease), checks what it reads,
-// writes new versions, and releases everything when the op ends, so an op's
-// inputs and outputs are co-resident as on a real device. While op j holds
-// its tensors, the policy's on_step runs (prefetch, demotion, scores); a step
-// that only creates tensors, under a policy with home tiers, creates each in
-// its home tier, one at a time. Tensors are acquired in the order the op
-// first touches them. These choices match sim::simulate_trace (Note
-// [Simulation loop]), and the policy objects are the simulator's, so the two
-// make the same decisions; time differs, and so does the waiting (see Note
-// [All demand fetches at once]). One difference on errors: an acquire that
-// fails other than for room is counted and the replay goes on, where the
-// simulator stops the card.
-//
-// The policy's view of the replay (policy::StepContext) on the replay's own
-// clock: nanoseconds of steady_clock since the replay began.
-class ReplayContext final : public policy::StepContext {
- public:
-  using Clock = std::chrono::steady_clock;
-  ReplayContext(const trace::Trace& t, const std::vector<Step>& steps, Engine& e,
-                const policy::TieringPolicy& p, const std::vector<std::uint8_t>& registered,
-                const std::vector<std::uint64_t>& version, Clock::time_point t0,
-                policy::DriverLog* log)
-      : trace_(t), steps_(steps), eng_(e), policy_(p), registered_(registered), version_(version),
-        t0_(t0), log_(log) {}
-  void at_step(std::size_t step) { step_ = static_cast<std::uint32_t>(step); }
-  void record(policy::DriverCall::Kind k, std::uint32_t t, Tier tier = Tier::device,
-              bool write = false) {
-    if (log_) log_->push_back({k, step_, t, tier, write});
-  }
-  const std::vector<Step>& steps() const override { return steps_; }
-  const trace::Trace& trace() const override { return trace_; }
-  const Engine& engine() const override { return eng_; }
-  std::uint64_t now_ns() const override {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count());
-  }
-  Tier step_tier(std::size_t step) const override {
-    return policy_.op_tier(trace_.ops[steps_[step].op]);
-  }
-  void prefetch(std::uint32_t t) override {
-    if (!(registered_[t] && version_[t])) return;
-    record(policy::DriverCall::Kind::prefetch, t);
-    eng_.prefetch(engine_id(t), Tier::device);
-  }
-  void demote(std::uint32_t t, Tier from) override {
-    if (!(registered_[t] && version_[t])) return;
-    record(policy::DriverCall::Kind::demote, t, from);
-    eng_.evict(engine_id(t), from);
-  }
-  void publish(std::span<const Engine::ScoreUpdate> scores) override {
-    if (log_)
-      for (const auto& u : scores) {
-        record(policy::DriverCall::Kind::publish, tensor_of(u.id));
-        log_->back().score = u.scores.device;
-      }
-    eng_.publish_scores(scores);
-  }
-
- private:
-  const trace::Trace& trace_;
-  const std::vector<Step>& steps_;
-  Engine& eng_;
-  const policy::TieringPolicy& policy_;
-  const std::vector<std::uint8_t>& registered_;
-  const std::vector<std::uint64_t>& version_;
-  Clock::time_point t0_;
-  policy::DriverLog* log_;
-  std::uint32_t step_ = 0;
-};
+// the tier its policy runs it in, checks what it reads, writes new
+// versions, and releases everything when the op ends, so an op's inputs and
+// outputs are co-resident as on a real device. The steps are run by the one
+// step driver (drive::StepDriver, Note [Step driver]), the very class the
+// simulator runs, with its real-time waiter (run_real_time: the engine's
+// wait_for_change between asks, a sleep through compute), and the policy
+// objects are the simulator's; so the two make the same decisions, and time
+// differs. On errors: an acquire that fails other than for room is counted
+// and the op runs without that tensor (DriverOptions::go_on_after_fault),
+// where the simulator stops the card.
 
 ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
                           const ReplayProgress& progress) {
@@ -317,142 +241,32 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
       "policy");
   engine.set_victim_order(pol->victim_order());
 
-  std::vector<std::uint64_t> version(trace.tensors.size(), 0);  // 0 = never written
-  std::vector<std::uint8_t> registered(trace.tensors.size(), 0);
-  auto id_of = [&](std::uint32_t t) { return static_cast<TensorId>(t) + 1; };
-  auto ensure = [&](std::uint32_t t, std::size_t op) {
-    if (!registered[t]) {
-      // add() fails only for a freed tensor not yet removed; the entry is
-      // reused, and its first lease below writes fresh contents.
-      engine.add(id_of(t), trace.tensors[t].bytes, pol->initial_scores(t, op));
-      registered[t] = 1;
-    }
-  };
-  // A step that only creates tensors, each with a home (the simulator's rule).
-  auto creates_only = [&](const Step& st) {
-    if (st.touches.empty()) return false;
-    for (const Touch& x : st.touches)
-      if (!x.writes || version[x.tensor] != 0 || !pol->home_tier(trace.tensors[x.tensor]))
-        return false;
-    return true;
-  };
-  auto fail = [&](std::string what) {
-    if (rep.first_error.empty()) rep.first_error = std::move(what);
-    ++rep.errors;
-  };
-
+  // Each tensor's version: the pattern its next fill writes, and what a
+  // read of it must find (the driver says whether it holds data).
+  std::vector<std::uint64_t> version(trace.tensors.size(), 0);
   using Clock = std::chrono::steady_clock;
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   const auto t0 = Clock::now();
-  ReplayContext ctx(trace, steps, engine, *pol, registered, version, t0, o.log);
-  struct Held {
-    Lease lease;
-    std::uint32_t tensor;
-    bool fresh;  // writes it, or it holds no data yet: new contents
+  const engine::SteadyClock clock;
+  DriverOptions d;
+  d.log = o.log;
+  d.observer = o.observer;
+  d.go_on_after_fault = true;
+  d.op_time = o.op_time;
+  d.created = [&](std::uint32_t t, const Lease& l) {
+    fill(l.ptr, l.bytes, t, ++version[t], o.check_stride);
+    rep.bytes_written += l.bytes;
   };
-  std::vector<Held> leases, waiting;
-  // A freed tensor whose write-back is still in flight is removed later.
-  std::vector<std::uint32_t> deferred;
-  auto retry_removals = [&] {
-    std::erase_if(deferred, [&](std::uint32_t t) {
-      if (registered[t]) return true;  // allocated again meanwhile: it lives on
-      Status s = engine.remove(id_of(t));
-      if (s == Status::busy) return false;
-      if (!mem::ok(s) && s != Status::not_found)
-        fail(fmt::format("free '{}': {}", trace.tensors[t].name, mem::to_string(s)));
-      return true;
-    });
-  };
-  for (std::size_t op = 0; op < steps.size(); ++op) {
-    const Step& step = steps[op];
-    ctx.at_step(op);
-    if (creates_only(step)) {
-      // Created where they rest, one at a time, taking no compute time.
-      for (const Touch& x : step.touches) {
-        ensure(x.tensor, op);
-        const Tier home = *pol->home_tier(trace.tensors[x.tensor]);
-        ctx.record(policy::DriverCall::Kind::acquire, x.tensor, home, true);
-        Lease l;
-        const Status s = engine.acquire(id_of(x.tensor), home, Access::write, &l);
-        if (!mem::ok(s)) {
-          rep.out_of_memory = s == Status::out_of_memory || s == Status::busy;
-          fail(fmt::format("op {} ('{}'): cannot create '{}' in its home tier: {}", op,
-                           trace.ops[step.op].name, trace.tensors[x.tensor].name,
-                           Engine::last_failure()));
-          break;
-        }
-        fill(l.ptr, l.bytes, x.tensor, ++version[x.tensor], o.check_stride);
-        rep.bytes_written += l.bytes;
-        engine.release(l);
-      }
-      if (rep.errors) break;
-      rep.events = step.end_event;
-      continue;
-    }
-    const Tier tier = pol->op_tier(trace.ops[step.op]);
-    for (const Touch& t : step.touches) ensure(t.tensor, op);
-    leases.clear();
-    const auto op_begin = Clock::now();
-    // Two passes (Note [All demand fetches at once]): ask for every tensor
-    // without blocking, then wait for those that were not ready.
-    waiting.clear();
-    for (const Touch& touch : step.touches) {
-      const std::uint32_t t = touch.tensor;
-      // A tensor read before anything wrote it (a parameter, an input) gets
-      // its first contents here.
-      const bool fresh = touch.writes || version[t] == 0;
-      ctx.record(policy::DriverCall::Kind::acquire, t, tier, fresh);
-      Lease l;
-      const Status s =
-          engine.try_acquire(id_of(t), tier, fresh ? Access::write : Access::read, &l);
-      if (mem::ok(s))
-        leases.push_back(Held{l, t, fresh});
-      else if (s == Status::busy)
-        waiting.push_back(Held{Lease{}, t, fresh});
-      else
-        fail(fmt::format("op {} tensor '{}': {}", op, trace.tensors[t].name, mem::to_string(s)));
-    }
-    for (Held& h : waiting) {
-      const Status s = engine.acquire(id_of(h.tensor), tier,
-                                      h.fresh ? Access::write : Access::read, &h.lease);
-      if (mem::ok(s)) {
-        leases.push_back(h);
-      } else if (s == Status::out_of_memory || s == Status::busy) {
-        // No progress is possible (Note [No progress] in engine.cpp): every
-        // later op would wait for the same room, so the replay ends here.
-        rep.out_of_memory = true;
-        fail(fmt::format("op {} ('{}') tensor '{}': {}", op, trace.ops[step.op].name,
-                         trace.tensors[h.tensor].name, Engine::last_failure()));
-        break;
-      } else {
-        fail(fmt::format("op {} tensor '{}': {}", op, trace.tensors[h.tensor].name,
-                         mem::to_string(s)));
-      }
-    }
-    if (rep.out_of_memory) {
-      for (const Held& h : leases) engine.release(h.lease);
-      break;
-    }
-    // Note [Compute in replay]: the op "runs on the device" from the moment
-    // it holds its tensors until `deadline`; the checks and fills below are
-    // host work that a device would not do, so they run inside that window.
-    const auto acquired = Clock::now();
-    rep.stall_s += seconds(acquired - op_begin);
-    const trace::Op& this_op = trace.ops[step.op];
-    const double dt = o.op_time ? o.op_time(this_op) : 0.0;
-    if (!std::isfinite(dt) || dt < 0)
-      input_error("replay", "op '{}': compute time {} s is not a finite number >= 0", this_op.name,
-                  dt);
-    rep.compute_s += dt;
-    const auto deadline =
-        acquired + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(dt));
-    // The policy decides once this op holds its leases, as in the simulator
-    // (before the op's writes count as data): room made now cannot be taken
-    // from this op's own inputs (they are pinned), only from colder data.
-    pol->on_step(op, ctx);
-    for (const Held& h : leases) {
+  StepDriver driver(trace, steps, engine, clock, *pol, std::move(d));
+  // Note [Compute in replay]: the op "runs on the device" from the moment it
+  // holds its tensors until its compute ends; the checks and fills are host
+  // work that a device would not do, so they run inside that window.
+  const RealTimeReport rt = run_real_time(driver, engine, static_cast<bool>(o.op_time),
+                                          [&](const StepDriver& dr) {
+    for (const Held& h : dr.held()) {
+      if (!h.lease) continue;
       const std::uint32_t t = h.tensor;
-      if (version[t] != 0) {  // holds data: check it, even when about to overwrite it
+      if (h.had_data) {  // check it, even when about to overwrite it
         if (check(h.lease.ptr, h.lease.bytes, t, version[t], o.check_stride))
           rep.bytes_verified += h.lease.bytes;
         else
@@ -463,37 +277,27 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
         rep.bytes_written += h.lease.bytes;
       }
     }
-    if (o.op_time) {
-      const auto now = Clock::now();
-      if (now > deadline) {
-        ++rep.overrun_ops;
-        rep.overrun_s += seconds(now - deadline);
-      } else {
-        std::this_thread::sleep_until(deadline);
-        rep.oversleep_s += seconds(Clock::now() - deadline);
-      }
-    }
-    if (this_op.job == 0) {
-      if (rep.iteration_end_s.size() <= this_op.iteration)
-        rep.iteration_end_s.resize(this_op.iteration + 1, 0.0);
-      rep.iteration_end_s[this_op.iteration] = seconds(Clock::now() - t0);
-    }
-    for (const Held& h : leases) engine.release(h.lease);
-    for (std::uint32_t t : step.frees) {
-      if (!registered[t]) continue;
-      ctx.record(policy::DriverCall::Kind::free, t);
-      registered[t] = 0;
-      version[t] = 0;
-      deferred.push_back(t);
-    }
-    retry_removals();
-    rep.events = step.end_event;
-    if (progress && (op & 255) == 0) progress(rep.events, n);
-  }
+    if (progress && (dr.step() & 255) == 0) progress(steps[dr.step()].end_event, n);
+  });
   engine.drain();
-  retry_removals();
-  if (!deferred.empty())
-    fail(fmt::format("{} freed tensors could not be removed", deferred.size()));
+  driver.retry_removals();
+  const DriverReport& dr = driver.report();
+  rep.errors = dr.errors;
+  rep.first_error = dr.first_error;
+  rep.out_of_memory = dr.out_of_memory;
+  if (driver.removals_pending()) {
+    if (rep.first_error.empty())
+      rep.first_error = fmt::format("{} freed tensors could not be removed",
+                                    driver.removals_pending());
+    ++rep.errors;
+  }
+  rep.events = dr.steps ? steps[dr.steps - 1].end_event : 0;
+  for (std::uint64_t ns : dr.iteration_end_ns) rep.iteration_end_s.push_back(double(ns) * 1e-9);
+  rep.stall_s = double(dr.stall_ns) * 1e-9;
+  rep.compute_s = double(dr.compute_ns) * 1e-9;
+  rep.overrun_ops = rt.overrun_ops;
+  rep.overrun_s = rt.overrun_s;
+  rep.oversleep_s = rt.oversleep_s;
   rep.wall_s = seconds(Clock::now() - t0);
   rep.engine = engine.stats();
   rep.device = engine.monitor(Tier::device);

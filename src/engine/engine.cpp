@@ -150,6 +150,7 @@ struct alignas(64) Engine::Entry {
   Tier moving_from = Tier::host;   // ... out of this tier
   std::uint8_t prefetch_want = 0;  // tiers a prefetch asked for
   std::uint8_t demand_want = 0;    // tiers a try_acquire asked for (not yet granted)
+  std::uint8_t claimed = 0;        // Note [Claimed copies]
   std::uint8_t queued_prio[3] = {kNoPrio, kNoPrio, kNoPrio};  // best queued job into a tier
   bool in_lru[2] = {false, false};
   Status error[2] = {Status::ok, Status::ok};  // the last failed fetch into a tier
@@ -428,10 +429,23 @@ void Engine::drop_stale(Entry& e, Tier keep, Actions& act) {
   }
 }
 
+// Note [Claimed copies]
+// A copy fetched for a polling caller (try_acquire answered busy) lands
+// while that caller is not asking: it asks again after the change. Until it
+// asks, the engine does not take that copy as a victim, as it does not take
+// a copy a blocked acquirer waits for (waiters); else a step's own fetches
+// could evict each other for ever (each landing makes room for the next by
+// dropping the last), and the no-progress rule would never see the cycle.
+// With the claim, that cycle is a wait for room nobody can make, which the
+// rule refuses (Note [No progress]). The claim ends at the tensor's next
+// acquire in that tier; explicit evictions (evict(), a policy's demotion)
+// ignore it.
+//
 // Evictable at `now`; a copy held back only by its write-back back-off
 // lowers *retry_at to when it becomes evictable.
 bool Engine::evictable(const Entry& e, Tier t, std::uint64_t now, std::uint64_t* retry_at) const {
   if (!e.has(t) || e.pinned(t) || e.moving || e.waiters[idx(t)] != 0) return false;
+  if (e.claimed & bit(t)) return false;
   if (now < e.backoff_until) {
     *retry_at = std::min(*retry_at, e.backoff_until);
     return false;
@@ -851,7 +865,9 @@ void Engine::on_done(const Transfer& t, Status s) {
       if (r.job.prio == Priority::prefetch) e.prefetched |= bit(to);
       e.prefetch_want &= static_cast<std::uint8_t>(~bit(to));
       // A polling caller that gave up must not keep the tensor on demand:
-      // the next try_acquire asks again if the copy has left by then.
+      // the next try_acquire asks again if the copy has left by then. Until
+      // it asks, the copy is its claim (Note [Claimed copies]).
+      if (e.demand_want & bit(to)) e.claimed |= bit(to);
       e.demand_want &= static_cast<std::uint8_t>(~bit(to));
       e.backoff_ns = 0;
       if (r.job.evict) {
@@ -1116,6 +1132,7 @@ std::string Engine::describe_stuck(const Entry* e, Tier tier) const {
 Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier tier, Access access,
                               Lease* out, bool block, Actions& act) {
   const int i = idx(tier);
+  e.claimed &= static_cast<std::uint8_t>(~bit(tier));  // asked again: Note [Claimed copies]
   const std::uint64_t gen = e.error_gen[i];
   const std::uint64_t t0 = clock_.now_ns();
   bool waited = false, counted_waiter = false;
@@ -1201,18 +1218,38 @@ Status Engine::wait_for_change(std::uint64_t seen) {
     while (epoch_ == seen) {
       std::uint64_t wake_at = ~0ull;
       if (!can_change(clock_.now_ns(), &wake_at)) {
-        if (rescan(act)) {
-          // Started or evicted something: that is a change of its own.
-          notify();
-          break;
-        }
-        ++st_.oom;
-        t_last_failure = describe_stuck(nullptr, Tier::device);
-        result = Status::out_of_memory;
+        result = nothing_changes(act);
         break;
       }
       sleep_for_change(lk, seen, wake_at);
     }
+  }
+  run(act);
+  return result;
+}
+
+// Nothing changes by itself any more: a rescan may still start or evict
+// something (a change of its own); if not, nothing ever will.
+Status Engine::nothing_changes(Actions& act) {
+  if (rescan(act)) {
+    notify();
+    return Status::ok;
+  }
+  ++st_.oom;
+  t_last_failure = describe_stuck(nullptr, Tier::device);
+  return Status::out_of_memory;
+}
+
+Status Engine::check_progress(std::uint64_t* wake_at) {
+  Actions act;
+  Status result = Status::ok;
+  {
+    std::unique_lock lk(mu_);
+    Waiting waiting(*this);
+    waiting.set(true);
+    std::uint64_t at = ~0ull;
+    if (!can_change(clock_.now_ns(), &at)) result = nothing_changes(act);
+    if (wake_at) *wake_at = at;
   }
   run(act);
   return result;

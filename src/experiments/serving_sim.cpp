@@ -277,7 +277,7 @@ double ServingSim::fetch_s(Tier from, Tier to, std::uint64_t bytes) const {
 void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
   std::unordered_map<kv::TokenBlockId, std::vector<const kv::Action*>> promos;
   if (!adms.empty())
-    for (const kv::Action* a : store_->unstarted())
+    for (const kv::Action* a : store_->emitted())
       if (a->kind == kv::Action::Kind::move && a->reason == kv::Action::Reason::promote)
         promos[a->block / kv::kMaxGroups].push_back(a);
   const sim::SimTransport& tr = stack_->transport;
@@ -458,7 +458,7 @@ ServeResult ServingSim::run() {
     for (std::size_t i : running_) {
       const Req& q = reqs_[i];
       if (q.todo.empty() || budget == 0 || batch.size() >= s_.max_running) continue;
-      if (!store_->ready(i)) {
+      if (!q.ready && !(reqs_[i].ready = store_->ready(i))) {
         waiting = true;
         continue;
       }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <unordered_set>
 
@@ -50,6 +52,8 @@ namespace {
 // SSD space per card: an assumption (one 3.84 TB data drive per card, as the
 // profiles' drives_per_node = cards_per_node says), rounded down to 3.5 TB.
 constexpr std::uint64_t kSsdPerCard = 3'500'000'000'000ull;
+// The device watermarks of a run started on the device (PolicyInputs::device_home).
+constexpr double kFullHigh = 1.0, kFullLow = 0.97;
 
 }  // namespace
 
@@ -138,16 +142,29 @@ Workloads make_workloads(const TrainScenario& s, const std::vector<CardSlot>& sl
   return out;
 }
 
+// An op's time on the device: ZeRO-3 all-gather / reduce-scatter on the
+// card link (Note [Peer-link cost]), the rest the profile's roofline.
+double device_op_s(const sim::HwProfile& hw, const trace::Op& op) {
+  if (op.cls == trace::OpClass::collective) return sim::collective_s(hw, op.bytes);
+  return sim::op_cost(hw, op).total_s;
+}
+
+// A host Adam step streams master, m, v, gradient and weight once: bound
+// by the card's share of DRAM bandwidth.
+double host_op_s(const sim::HwProfile& hw, const trace::Op& op) {
+  return static_cast<double>(op.bytes) / hw.host.dram_bandwidth.si +
+         hw.device.launch_overhead.si;
+}
+
 // One simulation with the optimizer placed as asked (for hbm-only and lru
 // always the device, for static-offload always the host), of the cards
 // given (each its own trace by shard count, its own policy hooks).
-TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
+TrainResult simulate_once(const TrainScenario& s, bool host_optimizer, bool device_home,
                           const std::vector<CardSlot>& slots, const Workloads& work) {
   TrainResult r;
   r.policy = s.policy;
   r.card_model = s.card_model;
-  r.recompute_layers =
-      s.train.recompute ? s.shape.layers : std::min(s.train.recompute_layers, s.shape.layers);
+  r.recompute_layers = std::min(s.train.recompute_layers, s.shape.layers);
   r.params = workload::analytic::param_count(s.shape);
   const bool separate = s.card_model == CardModel::separate;
   const auto& loads = work.loads;
@@ -155,20 +172,19 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
   r.trace_events = work.events;
 
   const sim::HwProfile& hw = s.hw;
-  const double launch = hw.device.launch_overhead.si;
-  auto device_time = [&hw](const trace::Op& op) {
-    // ZeRO-3 all-gather / reduce-scatter on the card link (Note [Peer-link cost]).
-    if (op.cls == trace::OpClass::collective) return sim::collective_s(hw, op.bytes);
-    return sim::op_cost(hw, op).total_s;
-  };
-  // A host Adam step streams master, m, v, gradient and weight once: bound
-  // by the card's share of DRAM bandwidth.
-  auto host_time = [&hw, launch](const trace::Op& op) {
-    return static_cast<double>(op.bytes) / hw.host.dram_bandwidth.si + launch;
-  };
+  auto device_time = [&hw](const trace::Op& op) { return device_op_s(hw, op); };
+  auto host_time = [&hw](const trace::Op& op) { return host_op_s(hw, op); };
   sim::SimOptions o;
   o.device_budget = static_cast<std::uint64_t>(hw.device.hbm_capacity.si);
   o.host_budget = static_cast<std::uint64_t>(hw.host.dram_capacity.si);
+  if (device_home) {
+    // Started as hbm-only is, HBM may fill as far as hbm-only's pinned state
+    // does: evict only when full (to 97%), not above the design's 90% (to
+    // 80%), whose burst headroom a training step's fixed schedule does not
+    // need.
+    o.engine.device.high_watermark = kFullHigh;
+    o.engine.device.low_watermark = kFullLow;
+  }
   // separate: every card's SSD link is the same pooled link (Note [Card
   // models]). The policy plans with a card's static share either way (what a
   // card can count on when all are in phase), so both models decide alike.
@@ -197,11 +213,13 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
                             .h2d = share.links[static_cast<int>(engine::Link::h2d)],
                             .s2h = share.links[static_cast<int>(engine::Link::s2h)],
                             .has_ssd = share.ssd_capacity > 0,
+                            .device_home = device_home,
                             .u3m = s.u3m,
                             .window_log = w.window_log};
     policies.push_back(policy::make_tiering_policy(s.policy, in));
     const policy::TieringPolicy& pol = *policies.back();
     r.optimizer_on_host = pol.optimizer_on_host();
+    r.device_home = device_home;
     sim::SimOptions co = o;
     co.policy = policies.back().get();
     co.op_time = [&pol, device_time, host_time](const trace::Op& op) {
@@ -290,40 +308,88 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer,
 // On the device an Adam step is bound by HBM bandwidth, but its state must
 // then live on the device or cross the host link both ways every step; on
 // the host it is bound by DRAM bandwidth and only gradients and weights
-// cross. Which wins depends on how much of the state fits, so u3m and the
-// oracle simulate both placements (the simulation is cheap) and keep the
-// faster one that fits: a planning decision made once per scenario.
+// cross. Which wins depends on how much of the state fits, so the settings
+// search (Note [One settings search]) simulates both placements where the
+// policy runs either (the simulation is cheap) and keeps the faster one
+// that fits: a planning decision made once per scenario.
 //
 // Note [Swap or recompute]
 // Activations that do not fit in HBM either leave it (swapped to DRAM in
 // forward, back in backward: twice their bytes on the host link, hidden only
 // while the link has slack) or are recomputed in backward (a second forward
 // of the layer: FLOPs that are never hidden). Which costs less depends on the
-// layer's bytes per FLOP, the link, and what else the link carries, so u3m and
-// the oracle decide by simulated cost, per scenario, among checkpointing no
-// layer, the first half, or all of them (the first layers' activations wait
-// longest for backward, so they are checkpointed first), unless the user
-// asked for --recompute. The baselines do what they are told.
+// layer's bytes per FLOP, the link, and what else the link carries, so the
+// search decides by simulated cost, per scenario, among checkpointing the
+// first 0, L/4, L/2, 3L/4 or all L layers (the first layers' activations
+// wait longest for backward, so they are checkpointed first), unless the
+// user asked for --recompute.
+//
+// Note [One settings search]
+// Every policy gets the same search, in this one function: what a user who
+// runs out of HBM would try first (activation checkpointing), where the
+// optimizer runs, for the placements the policy allows (PolicyInfo:
+// hbm-only keeps it on the device, static- and zero-offload on the host,
+// the others either), and, for the policies that tier loaded state, whether
+// it starts where the seed rules put it, under the design's watermarks (evict
+// above 90% of HBM), or on the device as hbm-only does, filling HBM up
+// before the policy's own victim order spills the rest. Every combination
+// is simulated (up to 5 x 2 x 2 = 20 runs): the step is not unimodal in the
+// depth (a walk that stopped at the first slower depth missed the depth
+// at which a device start fits, tested). A result records the settings it
+// chose (recompute_layers, optimizer_on_host, device_home); the same
+// scenario with search off
+// and those settings reproduces it (tested), so no policy has a search of
+// its own.
 namespace {
+
+std::vector<std::uint32_t> recompute_choices(const TrainScenario& s) {
+  if (s.train.recompute) return {s.shape.layers};
+  if (!s.search) return {std::min(s.train.recompute_layers, s.shape.layers)};
+  if (s.train.recompute_layers > 0) return {std::min(s.train.recompute_layers, s.shape.layers)};
+  const std::uint32_t l = s.shape.layers;
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t k : {0u, l / 4, l / 2, 3 * l / 4, l})
+    if (out.empty() || out.back() != k) out.push_back(k);
+  return out;
+}
+
+std::vector<bool> home_choices(const TrainScenario& s) {
+  const policy::PolicyInfo& p = policy::find_tiering_policy(s.policy);
+  if (!p.places_home) return {false};
+  if (!s.search) return {s.device_home};
+  return {false, true};
+}
+
+std::vector<bool> placement_choices(const TrainScenario& s) {
+  const policy::PolicyInfo& p = policy::find_tiering_policy(s.policy);
+  std::vector<bool> out;
+  if (!s.search) {
+    // As asked, where the policy allows it; else the one it runs.
+    if (s.host_optimizer ? p.host_optimizer : p.device_optimizer) return {s.host_optimizer};
+    return {p.host_optimizer};
+  }
+  if (p.device_optimizer) out.push_back(false);
+  if (p.host_optimizer) out.push_back(true);
+  return out;
+}
 
 TrainResult simulate_cards_policy(const TrainScenario& s, const std::vector<CardSlot>& slots) {
   s.validate();
-  if (s.policy == "hbm-only" || s.policy == "lru" || s.policy == "lookahead")
-    return simulate_once(s, false, slots, make_workloads(s, slots));
-  if (s.policy == "static-offload") return simulate_once(s, true, slots, make_workloads(s, slots));
-  std::vector<std::uint32_t> choices = {s.train.recompute_layers};
-  if (!s.train.recompute && s.train.recompute_layers == 0)
-    choices = {0, s.shape.layers / 2, s.shape.layers};
+  const std::vector<bool> placements = placement_choices(s);
+  const std::vector<bool> homes = home_choices(s);
   std::optional<TrainResult> best;
   std::uint64_t events = 0;
-  for (std::uint32_t k : choices) {
+  for (std::uint32_t k : recompute_choices(s)) {
     TrainScenario x = s;
+    x.train.recompute = false;
     x.train.recompute_layers = k;
     const Workloads work = make_workloads(x, slots);
-    for (bool host : {false, true}) {
-      TrainResult r = simulate_once(x, host, slots, work);
-      events += r.trace_events;
-      if (!best || (r.fits && (!best->fits || r.step_s < best->step_s))) best = std::move(r);
+    for (bool host : placements) {
+      for (bool home : homes) {
+        TrainResult r = simulate_once(x, host, home, slots, work);
+        events += r.trace_events;
+        if (!best || (r.fits && (!best->fits || r.step_s < best->step_s))) best = std::move(r);
+      }
     }
   }
   best->trace_events = events;
@@ -460,43 +526,357 @@ std::vector<workload::ModelShape> llama_family() {
   return out;
 }
 
+workload::ModelShape llama_shape(std::uint32_t layers, std::uint32_t d_model) {
+  workload::ModelShape m;
+  m.name = fmt::format("llama-L{}-d{}", layers, d_model);
+  m.layers = layers;
+  m.d_model = d_model;
+  m.heads = d_model / 128;
+  m.kv_heads = std::gcd(m.heads, 8u);  // GQA 8 where the heads divide by it
+  m.ffn = (8 * d_model / 3 + 255) / 256 * 256;
+  m.vocab = 32000;
+  return m;
+}
+
+std::vector<workload::ModelShape> llama_ladder(std::uint64_t lo, std::uint64_t hi) {
+  std::vector<std::pair<std::uint64_t, workload::ModelShape>> all;
+  for (std::uint32_t d = 1024; d <= 65536; d += 128) {
+    for (std::uint32_t l = (d + 129) / 130; l * 90 <= d; ++l) {
+      workload::ModelShape m = llama_shape(l, d);
+      const std::uint64_t p = workload::analytic::param_count(m);
+      if (p >= lo && p <= hi) all.emplace_back(p, std::move(m));
+    }
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<workload::ModelShape> out;
+  for (auto& [p, m] : all) out.push_back(std::move(m));
+  return out;
+}
+
 workload::ModelShape find_model(const std::string& name) {
   for (const workload::ModelShape& m : llama_family())
     if (m.name == name) return m;
+  unsigned l = 0, d = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "llama-L%u-d%u%c", &l, &d, &tail) == 2) {
+    if (l == 0 || d == 0 || d % 128 != 0 || l > 100000 || d > 1u << 20)
+      input_error("--model", "'{}': layers must be >= 1 and the width a positive multiple of 128",
+                  name);
+    return llama_shape(l, d);
+  }
   return workload::preset(name);
 }
 
+namespace {
+
+bool within(const TrainResult& r, double max_loss) { return r.fits && r.loss <= max_loss; }
+
+// Bisects `ladder` (ascending parameters; every shape of it lies strictly
+// between a shape that passed and one that did not) until the gap is within
+// `resolution`: the loss is taken as monotone in size over the ladder, as
+// the memory need is.
+template <class Test>
+void bisect(const std::vector<workload::ModelShape>& ladder, std::uint64_t pass_params,
+            std::uint64_t fail_params, double resolution, Test&& test) {
+  std::size_t lo = 0, hi = ladder.size();  // candidates [lo, hi)
+  while (lo < hi && double(fail_params) > double(pass_params) * (1 + resolution)) {
+    // The candidate nearest the geometric mean of the bracket.
+    const double target = std::sqrt(double(pass_params) * double(fail_params));
+    std::size_t mid = lo;
+    double best = std::numeric_limits<double>::infinity();
+    for (std::size_t i = lo; i < hi; ++i) {
+      const double gap =
+          std::abs(std::log(double(workload::analytic::param_count(ladder[i])) / target));
+      if (gap < best) {
+        best = gap;
+        mid = i;
+      }
+    }
+    const std::uint64_t p = workload::analytic::param_count(ladder[mid]);
+    if (test(ladder[mid])) {
+      pass_params = p;
+      lo = mid + 1;
+    } else {
+      fail_params = p;
+      hi = mid;
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<CapacityRow> training_capacity(
     const TrainScenario& base, const std::vector<std::string>& policies, double max_loss,
-    const std::function<void(const std::string&)>& progress) {
+    const std::function<void(const std::string&)>& progress, double resolution) {
   if (!(max_loss >= 0 && max_loss < 1))
     input_error("--max-loss", "must be in [0, 1), got {}", max_loss);
+  if (!(resolution > 0 && resolution < 1))
+    input_error("--resolution", "must be in (0, 1), got {}", resolution);
   std::vector<CapacityRow> rows;
   for (const std::string& p : policies) {
     CapacityRow row;
     row.policy = p;
-    int misses = 0;
-    for (const workload::ModelShape& m : llama_family()) {
+    auto keep = [&row](const workload::ModelShape& m, const TrainResult& r) {
+      row.max_params = r.params;
+      row.model = m.name;
+      row.loss = r.loss;
+      row.step_s = r.step_s;
+      row.recompute_layers = r.recompute_layers;
+      row.optimizer_on_host = r.optimizer_on_host;
+      row.device_home = r.device_home;
+    };
+    auto run = [&](const workload::ModelShape& m) {
       TrainScenario s = base;
       s.shape = m;
       s.policy = p;
       if (progress) progress(fmt::format("{} {}", p, m.name));
-      TrainResult r = simulate_training(s);
-      row.tried.push_back(r);
-      if (!r.fits) break;  // bigger shapes need more memory still
-      if (r.loss <= max_loss) {
-        misses = 0;
-        row.max_params = r.params;
-        row.model = m.name;
-        row.loss = r.loss;
-        row.step_s = r.step_s;
-      } else if (++misses >= 2) {
-        break;  // two sizes in a row over the bound: the loss only grows from here
+      row.tried.push_back(simulate_training(s));
+      return row.tried.back();
+    };
+    // Coarse: the named family upward, to the first shape beyond the bound.
+    for (const workload::ModelShape& m : llama_family()) {
+      TrainResult r = run(m);
+      if (within(r, max_loss)) {
+        keep(m, r);
+        continue;
       }
+      row.next_params = r.params;
+      break;
+    }
+    // Past the named family: the ladder in steps of 25%.
+    for (std::uint64_t q = row.max_params; row.max_params > 0 && row.next_params == 0 &&
+                                           q < 64'000'000'000'000ull;) {
+      const auto one = llama_ladder(q + q / 4, q + q / 2);
+      if (one.empty()) break;
+      TrainResult r = run(one.front());
+      if (!within(r, max_loss)) {
+        row.next_params = r.params;
+        break;
+      }
+      keep(one.front(), r);
+      q = r.params;
+    }
+    // Fine: between the two, over the family's rules.
+    if (row.max_params > 0 && row.next_params > 0) {
+      const auto ladder = llama_ladder(row.max_params + 1, row.next_params - 1);
+      bisect(ladder, row.max_params, row.next_params, resolution,
+             [&](const workload::ModelShape& m) {
+               TrainResult r = run(m);
+               if (within(r, max_loss)) {
+                 keep(m, r);
+                 return true;
+               }
+               row.next_params = r.params;
+               return false;
+             });
     }
     rows.push_back(std::move(row));
   }
   return rows;
+}
+
+
+// Note [Physical bound]
+// The largest model no schedule can train within the loss bound, from what
+// must cross the links whatever the policy does. Per card and per step, for
+// each recompute depth k of the search and each optimizer placement:
+//  * F_k, the trace's footprint (the most bytes live at once, with its
+//    frees at last use), H the HBM, D the host DRAM, G the micro-batches,
+//    O the optimizer state (master, m, v), W the gradient shard (= the
+//    trainable 16-bit weight shard);
+//  * at the footprint's peak, e = F_k - H bytes that are live (used again)
+//    are not on the device (with a host optimizer, O lives in DRAM and is
+//    used there: e = F_k - O - H). Each must come back over the host link
+//    before its next use. Everything live at a micro-batch's peak except O
+//    is used again within that micro-batch (its activations, weight and
+//    gradient shards), so the peak costs e bytes h2d per micro-batch, except
+//    what O can take: optimizer state is used once per step.
+//      device optimizer: h2d >= min(e, O) + G max(0, e - O) - (the first
+//                        micro-batch's peak lacks the gradients: W less),
+//                        d2h >= min(e, O) (updated state written back);
+//      host optimizer:   h2d >= max(G e, W) (updated weights come back),
+//                        d2h >= W (gradients go to the host), and the host
+//                        Adam step takes its bytes over the DRAM bandwidth;
+//  * what exceeds H + D crosses the SSD at least once: F_k - H - D bytes;
+//  * no op can run with more than H bytes of touches, and no step with more
+//    than H + D + SSD live.
+// The bound's step is the largest of the compute (ideal plus the
+// recomputed forward), each link's bytes over its practical bandwidth and
+// the host Adam step: all may overlap fully (a delayed parameter update
+// hides the host step too). The serial figure adds them instead: the
+// issue's "traffic within max-loss x compute" reading, which a schedule
+// that overlaps beats, so it is not a bound, only a yardstick. Loss = 1 -
+// ideal / step, as for the simulated policies; a shape passes at the best
+// (k, placement). Bisected over llama_ladder (loss taken as monotone in
+// size), so the figures are lower bounds on loss for the shape named and
+// the capacity an upper bound within the ladder's 2% steps.
+namespace {
+
+struct BoundEval {
+  bool feasible = false;
+  double loss_overlapped = 1, loss_serial = 1;
+  BoundShape over, serial;
+};
+
+BoundEval bound_of(const TrainScenario& base, const workload::ModelShape& m) {
+  BoundEval out;
+  TrainScenario s = base;
+  s.shape = m;
+  s.policy = "hbm-only";  // no window log needed
+  s.steps = 2;
+  s.search = true;
+  const std::vector<CardSlot> slots = {{0, s.train.zero3_shards}};
+  workload::TrainConfig cfg = s.train;
+  cfg.zero3_ranks = s.cards;
+  const workload::analytic::TrainBytes tb = workload::analytic::train_bytes(m, cfg);
+  const double H = s.hw.device.hbm_capacity.si, D = s.hw.host.dram_capacity.si;
+  const double O = double(tb.optimizer_bytes), W = double(tb.grad_bytes);
+  const double G = s.train.micro_batches;
+  const sim::SimTransportConfig links = sim::links_from_profile(s.hw, kSsdPerCard);
+  auto rate = [&links](engine::Link l) { return links.links[static_cast<int>(l)].bandwidth; };
+  const double bw_h2d = rate(engine::Link::h2d), bw_d2h = rate(engine::Link::d2h),
+               bw_ssd = rate(engine::Link::s2h);
+  for (std::uint32_t k : recompute_choices(s)) {
+    TrainScenario x = s;
+    x.train.recompute = false;
+    x.train.recompute_layers = k;
+    const Workloads work = make_workloads(x, slots);
+    const Workload& w = *work.loads.front();
+    const double F = double(w.tables->footprint);
+    const std::uint32_t last = x.steps - 1;
+    // The most one op of the step touches (the job's init, which creates
+    // state at home, is not a step's op); optimizer ops apart, as a host
+    // optimizer runs them in DRAM.
+    double most_op = 0, most_optimizer_op = 0;
+    for (std::size_t j = 0; j < w.steps.size(); ++j) {
+      const trace::Op& op = w.t.ops[w.steps[j].op];
+      if (op.iteration != last) continue;
+      double& most = op.phase == trace::Phase::optimizer ? most_optimizer_op : most_op;
+      most = std::max(most, double(w.tables->need[j]));
+    }
+    if (most_op > H || F > H + D + double(kSsdPerCard)) continue;
+    double ideal = 0, compute = 0, optimizer_device = 0, host_adam = 0;
+    for (const trace::Op& op : w.t.ops) {
+      if (op.iteration != last) continue;
+      const double t = device_op_s(s.hw, op);
+      compute += t;
+      if (!op.name.ends_with(".recompute")) ideal += t;
+      if (op.phase == trace::Phase::optimizer) {
+        optimizer_device += t;
+        host_adam += host_op_s(s.hw, op);
+      }
+    }
+    const double ssd = std::max(0.0, F - H - D);
+    for (bool host : placement_choices(s)) {
+      if (!host && most_optimizer_op > H) continue;
+      BoundShape b;
+      b.params = workload::analytic::param_count(m);
+      b.model = m.name;
+      b.recompute_layers = k;
+      b.optimizer_on_host = host;
+      b.ideal_s = ideal;
+      b.footprint = w.tables->footprint;
+      double h2d = 0, d2h = 0;
+      if (host) {
+        const double e = std::max(0.0, F - O - H);
+        h2d = std::max(G * e - std::min(e, W), W);
+        d2h = W;
+        b.compute_s = compute - optimizer_device;
+        b.host_adam_s = host_adam;
+      } else {
+        const double e = std::max(0.0, F - H);
+        h2d = std::min(e, O) + std::max(0.0, G * std::max(0.0, e - O) - std::min(e, W));
+        d2h = std::min(e, O);
+        b.compute_s = compute;
+      }
+      b.h2d = static_cast<std::uint64_t>(h2d);
+      b.d2h = static_cast<std::uint64_t>(d2h);
+      b.ssd = static_cast<std::uint64_t>(ssd);
+      const double th2d = h2d / bw_h2d, td2h = d2h / bw_d2h, tssd = ssd / bw_ssd;
+      const double over = std::max({b.compute_s, b.host_adam_s, th2d, td2h, tssd});
+      const double serial = b.compute_s + b.host_adam_s + th2d + td2h + tssd;
+      struct Term {
+        double s;
+        const char* what;
+      };
+      const Term terms[] = {{b.compute_s, "compute"},
+                            {b.host_adam_s, "host Adam"},
+                            {th2d, "h2d link"},
+                            {td2h, "d2h link"},
+                            {tssd, "SSD"}};
+      const Term* top = &terms[0];
+      for (const Term& t : terms)
+        if (t.s > top->s) top = &t;
+      b.binding = fmt::format("{} {:.3f} s per step (ideal {:.3f} s)", top->what, top->s, ideal);
+      b.loss = over > 0 ? std::max(0.0, 1 - ideal / over) : 0;
+      if (!out.feasible || b.loss < out.loss_overlapped) {
+        out.loss_overlapped = b.loss;
+        out.over = b;
+      }
+      BoundShape bs = b;
+      bs.loss = serial > 0 ? std::max(0.0, 1 - ideal / serial) : 0;
+      bs.binding = fmt::format("transfers and host Adam {:.3f} s added to compute {:.3f} s",
+                               serial - b.compute_s, b.compute_s);
+      if (!out.feasible || bs.loss < out.loss_serial) {
+        out.loss_serial = bs.loss;
+        out.serial = bs;
+      }
+      out.feasible = true;
+    }
+  }
+  return out;
+}
+
+// The largest ladder shape passing `pass`: doubling from the smallest
+// family shape, then bisection.
+template <class Pass>
+BoundShape largest_passing(const Pass& pass, double resolution) {
+  const std::uint64_t smallest = workload::analytic::param_count(llama_family().front());
+  std::optional<BoundShape> good;
+  BoundShape first_fail;
+  std::uint64_t fail = 0;
+  for (std::uint64_t p = smallest; p < 64'000'000'000'000ull; p *= 2) {
+    const auto one = llama_ladder(p, p * 2);
+    if (one.empty()) continue;
+    std::optional<BoundShape> r = pass(one.front());
+    if (!r) {
+      fail = workload::analytic::param_count(one.front());
+      break;
+    }
+    good = r;
+  }
+  if (!good) return {};
+  if (fail > 0) {
+    bisect(llama_ladder(good->params + 1, fail - 1), good->params, fail, resolution,
+           [&](const workload::ModelShape& m) {
+             std::optional<BoundShape> r = pass(m);
+             if (r) good = r;
+             return r.has_value();
+           });
+  }
+  return *good;
+}
+
+}  // namespace
+
+PhysicalBound physical_bound(const TrainScenario& base, double max_loss) {
+  PhysicalBound out;
+  out.overlapped = largest_passing(
+      [&](const workload::ModelShape& m) -> std::optional<BoundShape> {
+        const BoundEval e = bound_of(base, m);
+        if (!e.feasible || e.loss_overlapped > max_loss) return std::nullopt;
+        return e.over;
+      },
+      0.02);
+  out.serial = largest_passing(
+      [&](const workload::ModelShape& m) -> std::optional<BoundShape> {
+        const BoundEval e = bound_of(base, m);
+        if (!e.feasible || e.loss_serial > max_loss) return std::nullopt;
+        return e.serial;
+      },
+      0.02);
+  return out;
 }
 
 }  // namespace u3m::experiments

@@ -13,8 +13,9 @@ namespace u3m::kv {
 
 // Note [Capacities agree]
 // The engine's device capacity is exactly the manager's device slots times slot_bytes, its
-// host capacity the manager's host slots plus one, and its victim score is +inf for every
-// copy, so the engine never evicts on its own: the manager decides every move. Why:
+// host capacity the manager's host slots plus the staging and write-back slots (below, and
+// Note [Write-behind staging]), and its victim order is `owner`, so the engine never evicts on
+// its own: the manager decides every move, and the KV path has one eviction engine. Why:
 //  - a smaller cap, or the engine's own LRU eviction, would move blocks behind the manager's
 //    back (ignoring prefix priority, pins and PGDSF) and the block tables would point at the
 //    wrong tier. That is not hypothetical: with watermark eviction on (even at 100%), during
@@ -215,6 +216,7 @@ void TieredStore::enqueue() {
   for (const Action& a : bm_.take_prepared()) {
     pending_.emplace(a.seq, Exec{a});
     ++block_pending_[a.block];
+    last_seq_ = std::max(last_seq_, a.seq);
   }
   st_.peak_pending = std::max<std::uint64_t>(st_.peak_pending, pending_.size());
 }
@@ -262,6 +264,7 @@ std::vector<RequestId> TieredStore::poll() {
     enqueue();
     pump();
   }
+  polled_seq_ = last_seq_;
   if (opt_.check_every_step) check_agreement();
   return refused;
 }
@@ -275,10 +278,10 @@ bool TieredStore::ready(RequestId id) const {
   return true;
 }
 
-std::vector<const Action*> TieredStore::unstarted() const {
+std::vector<const Action*> TieredStore::emitted() const {
   std::vector<const Action*> r;
-  for (const auto& [seq, x] : pending_)
-    if (!x.started) r.push_back(&x.a);
+  for (auto it = pending_.upper_bound(polled_seq_); it != pending_.end(); ++it)
+    r.push_back(&it->second.a);
   return r;
 }
 
@@ -293,10 +296,12 @@ void TieredStore::recompute(RequestId id, std::uint32_t block) {
   if (block >= table.size())
     throw std::out_of_range(
         fmt::format("kv store: request {} has {} blocks, no block {}", id, table.size(), block));
-  for (auto& [seq, x] : pending_)
+  for (auto it = pending_.upper_bound(polled_seq_); it != pending_.end(); ++it) {
+    Exec& x = it->second;
     if (!x.started && x.a.kind == Action::Kind::move && x.a.to != Tier::ssd &&
         x.a.block / kMaxGroups == table[block])
       x.rewrite = true;
+  }
 }
 
 // An SSD copy the store's scrubber (or a failed read) found corrupt is gone, and the engine
@@ -372,16 +377,20 @@ bool TieredStore::pump() {
     changed = true;
     it = pending_.upper_bound(seq);
   }
-  for (auto it = trailing_.begin(); it != trailing_.end();) {
+  // Staged writes are released in the order they began (Note [Write-behind staging]): one
+  // poll looks at the oldest only, not at every write still draining.
+  while (!trail_order_.empty()) {
+    const engine::TensorId id = trail_order_.front();
+    auto it = trailing_.find(id);
     const unsigned attempts = it->second.attempts;
-    if (!trail(it->first, it->second)) {
+    if (!trail(id, it->second)) {
       changed = changed || it->second.attempts != attempts;
-      ++it;
-      continue;
+      break;
     }
     --writeback_;
-    if (--block_pending_[it->first] == 0) block_pending_.erase(it->first);
-    it = trailing_.erase(it);
+    if (--block_pending_[id] == 0) block_pending_.erase(id);
+    trailing_.erase(it);
+    trail_order_.pop_front();
     changed = true;
   }
   return changed;
@@ -553,6 +562,10 @@ std::optional<Outcome> TieredStore::step(Exec& x) {
 // when the copy out (d2h) has landed. The manager may then reuse the slot it left (a DRAM
 // slot, or the HBM slot of a move that skips a DRAM tier), while the SSD write drains behind
 // it (trail()), as a write-back cache does. The block's next action waits for that write.
+// The slots are released in the order the writes began, each once it and those before it are
+// through: the SSD link is one queue, so that is the order they finish in, and a poll then
+// looks at one write, not at all of them (a write done out of order holds its slot a little
+// longer).
 // The slots bound the staged bytes: with all of them draining, the next move to SSD waits,
 // and so does whatever waits for the slot it frees. This is the staging of the serving model
 // (docs/serving.md, Note [Write-behind] in serving_sim.cpp); without write-back slots a move to
@@ -573,6 +586,7 @@ std::optional<Outcome> TieredStore::step_staged_write(Exec& x) {
   if (r->in_flight && !r->valid[idx(Tier::host)] && !r->valid[idx(Tier::ssd)])
     return std::nullopt;
   trailing_.emplace(id, Trail{Tier::host, false, 1});
+  trail_order_.push_back(id);
   ++block_pending_[id];  // resolve() takes the action's count; the write keeps its own
   if (!r->valid[idx(Tier::ssd)] || r->valid[idx(Tier::host)]) e.evict(id, Tier::host);
   live_[id] = Tier::ssd;

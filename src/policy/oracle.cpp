@@ -17,7 +17,9 @@ namespace {
 // Never used again: -inf, evicted first.
 class Oracle final : public TieringPolicy {
  public:
-  explicit Oracle(const PolicyInputs& in) : host_optimizer_(in.host_optimizer), uses_(in.trace.tensors.size()) {
+  explicit Oracle(const PolicyInputs& in)
+      : host_optimizer_(in.host_optimizer), device_home_(in.device_home),
+        uses_(in.trace.tensors.size()), next_gather_(next_gathers(in.trace, in.steps)) {
     for (std::size_t j = 0; j < in.steps.size(); ++j)
       for (const Touch& t : in.steps[j].touches) uses_[t.tensor].push_back(j);
   }
@@ -32,7 +34,9 @@ class Oracle final : public TieringPolicy {
     const double s = score(tensor, step);
     return {s, s};
   }
-  std::optional<Tier> home_tier(const trace::Tensor& x) const override { return seed_home(x); }
+  std::optional<Tier> home_tier(const trace::Tensor& x) const override {
+    return tiered_home(x, device_home_, host_optimizer_);
+  }
   bool optimizer_on_host() const override { return host_optimizer_; }
   void on_step(std::size_t step, StepContext& ctx) override {
     updates_.clear();
@@ -42,6 +46,7 @@ class Oracle final : public TieringPolicy {
     }
     ctx.publish(updates_);
     prefetch_ahead(step, 8, ctx);
+    stream_layer_ahead(step, next_gather_, ctx);  // Note [Layer-ahead streaming] in u3m.cpp
   }
 
  private:
@@ -50,9 +55,10 @@ class Oracle final : public TieringPolicy {
     const auto it = std::upper_bound(u.begin(), u.end(), after);
     return it == u.end() ? -std::numeric_limits<double>::infinity() : -static_cast<double>(*it);
   }
-  bool host_optimizer_;
+  bool host_optimizer_, device_home_;
   std::vector<std::vector<std::size_t>> uses_;  // steps using each tensor, ascending
   std::vector<engine::Engine::ScoreUpdate> updates_;
+  std::vector<std::size_t> next_gather_;
 };
 
 }  // namespace

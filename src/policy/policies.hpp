@@ -10,6 +10,7 @@ namespace u3m::policy {
 
 std::unique_ptr<TieringPolicy> make_hbm_only(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_static_offload(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_zero_offload(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lru(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_u3m(const PolicyInputs& in);
@@ -20,5 +21,14 @@ const PlacementRules& seed_rules();
 // Where the tiered policies create loaded state: the seed rules' tier, DRAM
 // for what they send to the SSD (the engine spills it there under pressure).
 Tier seed_home(const trace::Tensor& x);
+// seed_home, or with PolicyInputs::device_home the device, except the state
+// a host optimizer works on (DRAM).
+Tier tiered_home(const trace::Tensor& x, bool device_home, bool host_optimizer);
+
+// Note [Layer-ahead streaming] in u3m.cpp: by step, the next ZeRO-3 gather
+// step (SIZE_MAX: none); and at a gather step, the prefetch of the weight
+// shards the next gather reads. u3m and the oracle both stream.
+std::vector<std::size_t> next_gathers(const trace::Trace& t, const std::vector<Step>& steps);
+void stream_layer_ahead(std::size_t step, const std::vector<std::size_t>& next, StepContext& ctx);
 
 }  // namespace u3m::policy

@@ -22,6 +22,11 @@ Tier seed_home(const trace::Tensor& x) {
   return h == Tier::ssd ? Tier::host : h;  // created in DRAM; pressure spills it to SSD
 }
 
+Tier tiered_home(const trace::Tensor& x, bool device_home, bool host_optimizer) {
+  if (!device_home) return seed_home(x);
+  return host_optimizer && optimizer_role(x.role) ? Tier::host : Tier::device;
+}
+
 std::string_view to_string(DriverCall::Kind k) {
   switch (k) {
     case DriverCall::Kind::acquire: return "acquire";
@@ -41,21 +46,30 @@ DriverLog without_scores(DriverLog log) {
 const std::vector<PolicyInfo>& tiering_policies() {
   static const std::vector<PolicyInfo> all = {
       {"hbm-only", "everything on the device, nothing evicted, no prefetch: fits or not",
-       make_hbm_only},
+       make_hbm_only, true, false},
       {"static-offload",
        "ZeRO-Offload: optimizer step and state on the host, the rest pinned on the device, "
        "2 ops of lookahead",
-       make_static_offload},
-      {"lru", "seed placement, least recently used evicted first, demand fetches only", make_lru},
+       make_static_offload, false, true},
+      {"zero-offload",
+       "ZeRO-Offload: as static-offload, and gradients leave the device for the host as "
+       "backward produces them (DeepSpeed's offload_optimizer)",
+       make_zero_offload, false, true},
+      {"lru",
+       "seed placement, least recently used evicted first, demand fetches only; the optimizer "
+       "on the device or the host",
+       make_lru, true, true, true},
       {"lookahead",
        "the trace-replay baseline: LRU, the tensors of the op --lookahead ahead prefetched",
        make_lookahead},
       {"u3m",
        "seed placement, victims by heat, prefetch of the predictor's window, recalibrated "
        "thresholds, optimizer where it is faster",
-       make_u3m},
-      {"oracle", "Belady victims and a perfect 8-op lookahead from the whole trace: the bound",
-       make_oracle},
+       make_u3m, true, true, true},
+      {"oracle",
+       "Belady victims, a perfect 8-op lookahead and layer-ahead weight streaming from the whole "
+       "trace (not a proven bound: the physical bound of train capacity is)",
+       make_oracle, true, true, true},
   };
   return all;
 }

@@ -63,6 +63,16 @@ namespace {
 // those that entered or left the window.
 constexpr double kInWindow = 1e12;
 
+// Note [Layer-ahead streaming]
+// A ZeRO-3 gather reads the layer's weight shards; with the shards in DRAM
+// (frozen LoRA weights, or a model whose shards do not fit) each must cross
+// the host link before its gather. A 16-op window reaches the next gather
+// only once the current layer's own gather is done, leaving the link the
+// few compute ops of the layer; issued at the current gather instead, the
+// next layer's shards have the whole layer (its gather on the card link,
+// which the host link does not share). The trace gives the gathers' order,
+// the same every iteration (what a framework's module order gives).
+
 class U3mPolicy final : public TieringPolicy {
  public:
   explicit U3mPolicy(const PolicyInputs& in);
@@ -74,7 +84,9 @@ class U3mPolicy final : public TieringPolicy {
     const double s = score(tensor);
     return {s, s};
   }
-  std::optional<Tier> home_tier(const trace::Tensor& x) const override { return seed_home(x); }
+  std::optional<Tier> home_tier(const trace::Tensor& x) const override {
+    return tiered_home(x, device_home, host_optimizer);
+  }
   bool optimizer_on_host() const override { return host_optimizer; }
   void on_step(std::size_t j, StepContext& ctx) override;
   const U3mPolicyStats& stats() const { return stats_; }
@@ -107,6 +119,7 @@ class U3mPolicy final : public TieringPolicy {
   std::uint64_t now_ns = 0;
   std::uint32_t horizon = 16;
   bool host_optimizer = false;
+  bool device_home = false;
   U3mPolicyOptions opt;
   bool has_ssd = false;
 
@@ -135,10 +148,12 @@ class U3mPolicy final : public TieringPolicy {
   std::vector<std::uint64_t> changed_stamp_;
   std::uint64_t step_stamp_ = 1;
   std::vector<engine::Engine::ScoreUpdate> updates_;
+  // Layer-ahead streaming: by step, the next gather step (SIZE_MAX: none).
+  std::vector<std::size_t> next_gather_;
 };
 
 U3mPolicy::U3mPolicy(const PolicyInputs& in)
-    : host_optimizer(in.host_optimizer), opt(in.u3m), has_ssd(in.has_ssd), h2d(in.h2d), s2h(in.s2h) {
+    : host_optimizer(in.host_optimizer), device_home(in.device_home), opt(in.u3m), has_ssd(in.has_ssd), h2d(in.h2d), s2h(in.s2h) {
   const trace::Trace& t = in.trace;
   auto log = in.window_log ? in.window_log : make_window_log(t);
   if (&log->feed().trace() != &t)
@@ -147,6 +162,7 @@ U3mPolicy::U3mPolicy(const PolicyInputs& in)
   window.emplace(std::move(log));
   in_window.assign(t.tensors.size(), 0);
   changed_stamp_.assign(t.tensors.size(), 0);
+  if (opt.stream_layer_ahead) next_gather_ = next_gathers(t, in.steps);
   for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
     const trace::Tensor& x = t.tensors[i];
     heat.set_tensor(i, x.bytes);
@@ -211,6 +227,7 @@ void U3mPolicy::on_step(std::size_t j, StepContext& ctx) {
       ctx.prefetch(x.tensor);
   }
   if (opt.jit_prefetch) issue_due(j, ctx);
+  stream_layer_ahead(j, next_gather_, ctx);
   if (opt.recalibrate && calibrated && now_ns >= rc.last_ns + rc.period_ns) recalibrate(ctx);
   stats_.hot = th.hot;
   stats_.warm = th.warm;

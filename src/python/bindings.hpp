@@ -11,6 +11,7 @@ void bind_runtime(pybind11::module_& m);  // bind_runtime.cpp: the engine on rea
 void bind_kv(pybind11::module_& m);       // bind_kv.cpp: the tiered KV store
 void bind_serve(pybind11::module_& m);    // bind_serve.cpp: the serving simulator
 void bind_config(pybind11::module_& m);   // bind_config.cpp: the run config, the version
+void bind_metrics(pybind11::module_& m);  // bind_metrics.cpp: metrics and timelines
 
 }  // namespace u3m::python
 

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_core, m) {
   u3m::python::bind_kv(m);
   u3m::python::bind_serve(m);
   u3m::python::bind_config(m);
+  u3m::python::bind_metrics(m);
 }

@@ -139,6 +139,7 @@ void PolicyDriver::rebuild() {
                                          .s2h = {},
                                          .has_ssd = opt_.has_ssd,
                                          .lookahead = opt_.lookahead,
+                                         .device_home = false,  // home tiers are unused here
                                          .u3m = {},
                                          .window_log = nullptr},
                                         "policy");

@@ -2,8 +2,14 @@
 // once by the simulator (sim::simulate_trace, virtual time) and once by real
 // replay (drive::replay_trace, real bytes and threads), must ask the same of
 // the engine, call for call (Note [Driver calls] in policy/tiering.hpp).
+// Both run the one step driver (drive::StepDriver) with its two waiters: the
+// ops both report to a RunObserver, which only the driver calls, are the
+// same ops in the same order.
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -36,14 +42,43 @@ policy::U3mPolicyOptions clock_free() {
   return o;
 }
 
+// What the step driver reports of a run: each op as (index, name), each
+// step end, and whether every stall ended no earlier than it began.
+class OpRecorder final : public engine::RunObserver {
+ public:
+  void op(int card, std::int64_t, std::size_t index, std::string_view name, double t0,
+          double t1) override {
+    std::lock_guard g(mu_);
+    ops.push_back(fmt::format("{} {} {}", card, index, name));
+    ordered = ordered && t0 <= t1;
+  }
+  void stall(int, std::int64_t, std::size_t, double t0, double t1) override {
+    std::lock_guard g(mu_);
+    ordered = ordered && t0 <= t1;
+  }
+  void step_end(int card, std::int64_t step, double) override {
+    std::lock_guard g(mu_);
+    step_ends.push_back(fmt::format("{} {}", card, step));
+  }
+  std::vector<std::string> ops, step_ends;
+  bool ordered = true;
+
+ private:
+  std::mutex mu_;
+};
+
 struct Runs {
   DriverLog sim, real;
+  OpRecorder sim_ops, real_ops;
   bool sim_ok = false, real_ok = false;
   std::string sim_error, real_error;
 };
 
-Runs run_both(const trace::Trace& t, const std::string& name, double device_fraction) {
-  Runs r;
+// Held by pointer: the recorders hold a mutex.
+std::unique_ptr<Runs> run_both(const trace::Trace& t, const std::string& name,
+                               double device_fraction) {
+  auto out = std::make_unique<Runs>();
+  Runs& r = *out;
   const std::vector<engine::Step> steps = engine::build_steps(t);
   // Simulated: links of a PCIe 4 card, 10 us per op.
   sim::SimOptions so;
@@ -59,6 +94,7 @@ Runs run_both(const trace::Trace& t, const std::string& name, double device_frac
                                                 .u3m = clock_free()});
   so.policy = pol.get();
   so.log = &r.sim;
+  so.observer = &r.sim_ops;
   const sim::SimReport s = sim::simulate_trace(t, steps, so);
   r.sim_ok = s.ok();
   r.sim_error = s.first_error;
@@ -69,6 +105,7 @@ Runs run_both(const trace::Trace& t, const std::string& name, double device_frac
   ro.policy = name;
   ro.u3m = clock_free();
   ro.log = &r.real;
+  ro.observer = &r.real_ops;
   const ReplayReport rr = replay_trace(t, ro);
   r.real_ok = rr.ok();
   r.real_error = rr.first_error;
@@ -79,11 +116,15 @@ Runs run_both(const trace::Trace& t, const std::string& name, double device_frac
     r.sim = policy::without_scores(std::move(r.sim));
     r.real = policy::without_scores(std::move(r.real));
   }
-  return r;
+  return out;
 }
 
 void expect_same(const Runs& r) {
   EXPECT_EQ(r.sim_ok, r.real_ok) << "simulated: " << r.sim_error << "\nreal: " << r.real_error;
+  // The same driver ran both: the same ops, reported by it on either clock.
+  EXPECT_EQ(r.sim_ops.ops, r.real_ops.ops);
+  EXPECT_EQ(r.sim_ops.step_ends, r.real_ops.step_ends);
+  EXPECT_TRUE(r.sim_ops.ordered && r.real_ops.ordered);
   const std::size_t n = std::min(r.sim.size(), r.real.size());
   for (std::size_t i = 0; i < n; ++i) {
     if (r.sim[i] == r.real[i]) continue;
@@ -111,17 +152,19 @@ TEST_P(Differential, SimulatorAndReplayAskTheSameOnATrainingTrace) {
   static const trace::Trace t = generated("--workload train --steps 3");
   // Everything fits: every policy runs to the end; then under pressure, for
   // the policies that can evict.
-  const Runs roomy = run_both(t, GetParam(), 1.0);
-  EXPECT_TRUE(roomy.sim_ok) << roomy.sim_error;
-  EXPECT_GT(roomy.sim.size(), t.events.size() / 4);  // the log holds the run
-  expect_same(roomy);
-  expect_same(run_both(t, GetParam(), 0.6));
+  const auto roomy = run_both(t, GetParam(), 1.0);
+  EXPECT_TRUE(roomy->sim_ok) << roomy->sim_error;
+  EXPECT_GT(roomy->sim.size(), t.events.size() / 4);        // the log holds the run
+  EXPECT_GT(roomy->sim_ops.ops.size(), t.ops.size() / 2);   // every op that computes
+  EXPECT_EQ(roomy->sim_ops.step_ends.size(), 3u);           // one per training step
+  expect_same(*roomy);
+  expect_same(*run_both(t, GetParam(), 0.6));
 }
 
 TEST_P(Differential, SimulatorAndReplayAskTheSameOnAMixedTrace) {
   static const trace::Trace t = generated("--workload mixed --steps 2 --requests 4");
-  expect_same(run_both(t, GetParam(), 1.0));
-  expect_same(run_both(t, GetParam(), 0.6));
+  expect_same(*run_both(t, GetParam(), 1.0));
+  expect_same(*run_both(t, GetParam(), 0.6));
 }
 
 std::vector<std::string> names() {

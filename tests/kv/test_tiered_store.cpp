@@ -549,32 +549,42 @@ Outcomes random_calls(TieredStore& store, std::uint64_t seed,
 
 }  // namespace
 
-TEST(KvTieredStore, SimulatedStackMakesTheRealStacksDecisionsInVirtualTime) {
-  KvConfig c = config(12, 40, 400);
-  TieredStoreOptions o = Driver::checked();
-  Outcomes real;
-  {
-    TieredStore store(c, o);
-    real = random_calls(store, 5);
-  }
-  sim::VirtualTime vt;
-  engine::StackSpec spec = TieredStore::stack_spec(c, o);
+namespace {
+
+engine::StackSpec slow_links(engine::StackSpec spec) {
   spec.links[int(engine::Link::d2h)] = {1e6, 10e-6};  // 512 B slots: 0.5 ms a move
   spec.links[int(engine::Link::h2d)] = {1e6, 10e-6};
   spec.links[int(engine::Link::h2s)] = {2e5, 50e-6};
   spec.links[int(engine::Link::s2h)] = {4e5, 50e-6};
+  return spec;
+}
+
+Outcomes on_real_stack(const KvConfig& c, const TieredStoreOptions& o, std::uint64_t seed) {
+  TieredStore store(c, o);
+  return random_calls(store, seed);
+}
+
+StoreStack over(sim::SimStack& stack, sim::VirtualTime& vt) {
+  return {stack.engine,
+          [&stack, &vt](std::uint64_t seen) {
+            while (stack.engine.epoch() == seen)
+              if (!vt.run_next()) return mem::Status::out_of_memory;
+            return mem::Status::ok;
+          },
+          /*has_bytes=*/false};
+}
+
+}  // namespace
+
+TEST(KvTieredStore, SimulatedStackMakesTheRealStacksDecisionsInVirtualTime) {
+  KvConfig c = config(12, 40, 400);
+  TieredStoreOptions o = Driver::checked();
+  const Outcomes real = on_real_stack(c, o, 5);
+  sim::VirtualTime vt;
   Outcomes simulated;
   {
-    sim::SimStack stack(spec, vt);
-    TieredStore store(c,
-                      {stack.engine,
-                       [&](std::uint64_t seen) {
-                         while (stack.engine.epoch() == seen)
-                           if (!vt.run_next()) return mem::Status::out_of_memory;
-                         return mem::Status::ok;
-                       },
-                       /*has_bytes=*/false},
-                      o);
+    sim::SimStack stack(slow_links(TieredStore::stack_spec(c, o)), vt);
+    TieredStore store(c, over(stack, vt), o);
     simulated = random_calls(store, 5);
     EXPECT_THROW(store.stack(), std::logic_error);
     // Virtual time moved with the modelled transfers, and only through them.
@@ -607,28 +617,6 @@ TEST(KvTieredStore, SimulatedStackMakesTheRealStacksDecisionsInVirtualTime) {
   EXPECT_GT(real.log.size(), 300u);
 }
 
-namespace {
-
-engine::StackSpec slow_links(engine::StackSpec spec) {
-  spec.links[int(engine::Link::d2h)] = {1e6, 10e-6};  // 512 B slots: 0.5 ms a move
-  spec.links[int(engine::Link::h2d)] = {1e6, 10e-6};
-  spec.links[int(engine::Link::h2s)] = {2e5, 50e-6};
-  spec.links[int(engine::Link::s2h)] = {4e5, 50e-6};
-  return spec;
-}
-
-StoreStack over(sim::SimStack& stack, sim::VirtualTime& vt) {
-  return {stack.engine,
-          [&stack, &vt](std::uint64_t seen) {
-            while (stack.engine.epoch() == seen)
-              if (!vt.run_next()) return mem::Status::out_of_memory;
-            return mem::Status::ok;
-          },
-          /*has_bytes=*/false};
-}
-
-}  // namespace
-
 // Note [Non-blocking calls]: the serving simulator's use. The calls return without waiting,
 // actions stay pending across calls (the driver polls after a few clock events), and yet
 // every answer, admission and counter is the blocking store's: the manager decides on the
@@ -636,11 +624,7 @@ StoreStack over(sim::SimStack& stack, sim::VirtualTime& vt) {
 TEST(KvTieredStore, NonBlockingCallsMakeTheBlockingStoresDecisions) {
   KvConfig c = config(12, 40, 400);
   TieredStoreOptions o = Driver::checked();
-  Outcomes blocking;
-  {
-    TieredStore store(c, o);
-    blocking = random_calls(store, 7);
-  }
+  const Outcomes blocking = on_real_stack(c, o, 7);
   sim::VirtualTime vt;
   const engine::StackSpec spec = slow_links(TieredStore::stack_spec(c, o));
   o.blocking = false;
@@ -699,7 +683,7 @@ TEST(KvTieredStore, StagedWritesToSsdAndRecomputedPromotions) {
         Admission a;
         ASSERT_EQ(store.submit(id, r, &a), SubmitResult::admitted) << id;
         if (recompute)
-          for (const Action* m : store.unstarted())
+          for (const Action* m : store.emitted())
             if (m->reason == Action::Reason::promote) {
               const auto& table = store.manager().table(id);
               const auto b = std::find(table.begin(), table.end(), m->block / kMaxGroups);

@@ -1,7 +1,10 @@
-// A loopback HTTP/1.0 GET for the metrics tests: the body, or "" if the
-// server cannot be reached or does not answer 200.
+// For the metrics tests: a loopback HTTP/1.0 GET, and the text exposition
+// parsed into "name{labels}" -> value.
 #pragma once
 
+#include <cmath>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include <arpa/inet.h>
@@ -11,6 +14,7 @@
 
 namespace u3m::observe::testing {
 
+// The body, or "" if the server cannot be reached or does not answer 200.
 inline std::string http_get(int port, const std::string& path = "/metrics") {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
@@ -46,6 +50,19 @@ inline int free_port() {
     port = ntohs(a.sin_port);
   ::close(fd);
   return port;
+}
+
+inline std::map<std::string, double> parse_exposition(const std::string& text) {
+  std::map<std::string, double> m;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    const std::string v = line.substr(sp + 1);
+    m[line.substr(0, sp)] = v == "+Inf" ? INFINITY : std::strtod(v.c_str(), nullptr);
+  }
+  return m;
 }
 
 }  // namespace u3m::observe::testing

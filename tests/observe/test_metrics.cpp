@@ -22,20 +22,8 @@ using engine::testing::RigOptions;
 using mem::KiB;
 using mem::MiB;
 using testing::http_get;
+const auto parse = testing::parse_exposition;
 
-// "name{labels}" -> value, from the text exposition.
-std::map<std::string, double> parse(const std::string& text) {
-  std::map<std::string, double> m;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    const std::string v = line.substr(sp + 1);
-    m[line.substr(0, sp)] = v == "+Inf" ? INFINITY : std::stod(v);
-  }
-  return m;
-}
 
 const char* const kH2d = "u3m_link_bytes_total{card=\"0\",link=\"h2d\",from=\"host\",to=\"device\"}";
 

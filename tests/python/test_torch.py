@@ -108,6 +108,27 @@ class OffloadTest(unittest.TestCase):
                     self.assertGreater(st["prefetches"], 0)
                     self.assertGreater(st["prefetch_hits"], 0)
 
+    def test_the_optimizer_step_on_the_host_under_a_host_optimizer_policy(self):
+        model, opt, batches = make_run()
+        ref_losses = train(model, opt, batches)
+        model, opt, batches = make_run()
+        off = ut.offload(model, opt, budget_fraction=0.3, policy="u3m", host_optimizer=True)
+        losses = train(model, opt, batches)
+        st = off.stats()
+        off.close()
+        self.assertEqual(losses, ref_losses)
+        self.assertTrue(st["policy"]["deciding"])
+        self.assertEqual(st["policy"]["diverged"], 0)
+        self.assertLessEqual(st["peak_device_bytes"], off.budget_bytes)
+        # The optimizer's state lives on the host from step 2: less reached the device than
+        # with the step there (same run otherwise).
+        model, opt, batches = make_run()
+        dev = ut.offload(model, opt, budget_fraction=0.3, policy="u3m")
+        train(model, opt, batches)
+        on_device = dev.stats()["engine"]["links"]["h2d"]["bytes"]
+        dev.close()
+        self.assertLess(st["engine"]["links"]["h2d"]["bytes"], on_device)
+
     def test_a_step_that_leaves_the_policys_trace_is_recorded_again(self):
         model, opt, batches = make_run(steps=5)
         ref_losses = train(model, opt, batches[:2])

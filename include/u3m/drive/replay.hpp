@@ -2,7 +2,8 @@
 // the trace's footprint, with real bytes: every write fills the tensor with a
 // pattern unique to (tensor, version), every read checks it. A tiering policy
 // (policy/tiering.hpp) decides, as in the simulator: by default the lookahead
-// policy (the trace is its own predictor over a lookahead of ops).
+// policy (the trace is its own predictor over a lookahead of ops). The steps
+// run through the one step driver (drive/step_driver.hpp), as in the simulator.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "u3m/engine/engine.hpp"
+#include "u3m/engine/run_observer.hpp"
 #include "u3m/engine/stack_spec.hpp"
 #include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/pool.hpp"
@@ -42,6 +44,9 @@ struct ReplayOptions {
   // Appends what the replay asks of the engine (Note [Driver calls] in
   // policy/tiering.hpp); null = nothing recorded.
   policy::DriverLog* log = nullptr;
+  // Told the replay's ops, stalls and step ends on its wall clock (seconds
+  // since the replay began); null = none.
+  engine::RunObserver* observer = nullptr;
   double h2d_gbps = 0, d2h_gbps = 0;  // emulated link throttle, 0 = memcpy speed
   // The device pool (`--pool-config`); capacity 0 = Note [Device arena] in
   // engine/stack_spec.hpp.

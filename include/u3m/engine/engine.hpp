@@ -178,6 +178,12 @@ class Engine {
   // change any more (Note [No progress]), with last_failure() saying why.
   std::uint64_t epoch() const;
   Status wait_for_change(std::uint64_t seen);
+  // wait_for_change's decision without the wait, for a caller whose time
+  // passes elsewhere (the simulator, when nothing of this engine's is in
+  // flight on its virtual clock): ok when something can still change (a
+  // rescan started or evicted something, a release may come, or a back-off
+  // ends at *wake_at, ~0 if none), else out_of_memory with last_failure().
+  Status check_progress(std::uint64_t* wake_at = nullptr);
   // Why this thread's last acquire or wait_for_change failed: the tensor,
   // each tier's use against its capacity, the leases in the way. Empty if
   // none failed yet.
@@ -362,6 +368,7 @@ class Engine {
   // Re-scans (clearing the futile-scan memo) and starts what it can; true if
   // that started a transfer or evicted something.
   bool rescan(Actions& act);
+  Status nothing_changes(Actions& act);  // wait_for_change and check_progress: Note [No progress]
   // Sleeps until epoch_ != seen, or until wake_at on the engine's clock.
   void sleep_for_change(std::unique_lock<std::mutex>& lk, std::uint64_t seen,
                         std::uint64_t wake_at);

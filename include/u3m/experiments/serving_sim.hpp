@@ -48,6 +48,7 @@ class ServingSim {
     std::uint32_t generated = 0;
     std::vector<double> host_prefix;  // host-resident KV bytes of token blocks [0, i)
     bool running = false, done = false;
+    bool ready = false;   // its blocks are in place (it stays so while it runs)
     bool missed = false;  // already counted as a miss (TTFT over the SLO)
   };
   kv::KvConfig make_config();

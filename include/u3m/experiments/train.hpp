@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -44,6 +45,14 @@ struct TrainScenario {
   std::uint32_t steps = 3;  // simulated; the last one is reported (the first warms up)
   CardModel card_model = CardModel::symmetric;
   policy::U3mPolicyOptions u3m{};  // the u3m policy's knobs (docs/policy.md); other policies ignore them
+  // Note [One settings search] in train.cpp: true (the default), every
+  // policy runs the same search over recompute depth and, where the policy
+  // can run it either way, the optimizer's placement, and keeps the fastest
+  // setting that fits; false: exactly train.recompute_layers (or recompute)
+  // and host_optimizer, where the policy allows it.
+  bool search = true;
+  bool host_optimizer = false;  // with search = false
+  bool device_home = false;     // with search = false (PolicyInputs::device_home)
   void validate() const;   // throws InputError naming the field
 };
 
@@ -70,6 +79,7 @@ struct TrainResult {
   double stall_s = 0;           // compute waited for data, over the whole run
   double hidden_fraction = 0;   // transfer time overlapped with compute
   bool optimizer_on_host = false;
+  bool device_home = false;  // loaded state created on the device (PolicyInputs::device_home)
   std::uint32_t recompute_layers = 0;  // checkpointed layers (Note [Swap or recompute])
   // The whole run of the card that finished the last step last (separate:
   // the straggler; symmetric: the one card simulated).
@@ -124,8 +134,15 @@ FailoverResult simulate_failover(const TrainScenario& s, const CardFailure& f);
 // The llama family for the sweep: shapes from ~1B to ~70B parameters, in
 // order of size (heads of 128, SwiGLU ffn = 8/3 d rounded to 256, GQA 8).
 std::vector<workload::ModelShape> llama_family();
-// A family shape by name (llama-1b .. llama-70b), else a workload preset;
-// InputError listing the presets when neither.
+// The family's rules at any depth and width (d a multiple of 128): heads of
+// 128, kv_heads gcd(heads, 8), ffn = 8/3 d rounded up to 256, vocab 32000; named
+// "llama-L<layers>-d<width>".
+workload::ModelShape llama_shape(std::uint32_t layers, std::uint32_t d_model);
+// Every family-rule shape with d_model / layers in [90, 130] (the range of
+// the named family) and parameters in [lo, hi], in order of parameters.
+std::vector<workload::ModelShape> llama_ladder(std::uint64_t lo, std::uint64_t hi);
+// A family shape by name (llama-1b .. llama-70b, llama-L<l>-d<d>), else a
+// workload preset; InputError listing the presets when neither.
 workload::ModelShape find_model(const std::string& name);
 
 struct CapacityRow {
@@ -134,13 +151,44 @@ struct CapacityRow {
   std::string model;             // the shape that reached it
   double loss = 0;
   double step_s = 0;
+  std::uint32_t recompute_layers = 0;  // the settings that reached it
+  bool optimizer_on_host = false;
+  bool device_home = false;
+  // The smallest shape tried above max_params that failed (0: none), so
+  // the capacity is resolved to next_params / max_params.
+  std::uint64_t next_params = 0;
   std::vector<TrainResult> tried;  // every shape simulated, in order
 };
 
-// For each policy, walks the family upward and keeps the largest shape that
-// fits with loss <= max_loss. `progress` is called per simulated shape.
+// Note [Physical bound] in train.cpp: the largest family-rule shape whose
+// unavoidable host-link and SSD traffic and host Adam time per step, at
+// the best recompute depth and optimizer placement, leave the step within
+// the loss bound, whatever the schedule; and the same with no overlap at
+// all (every transfer added to the step), the stricter reading.
+struct BoundShape {
+  std::uint64_t params = 0;  // 0: not even the smallest shape
+  std::string model;
+  double loss = 0;                 // the lower bound on its loss
+  std::uint32_t recompute_layers = 0;
+  bool optimizer_on_host = false;
+  double ideal_s = 0, compute_s = 0;  // ideal step; with recompute
+  std::uint64_t footprint = 0;        // per card, at that recompute depth
+  std::uint64_t h2d = 0, d2h = 0, ssd = 0;  // unavoidable bytes per step, per card
+  double host_adam_s = 0;
+  std::string binding;             // what the next shape exceeds
+};
+struct PhysicalBound {
+  BoundShape overlapped;  // transfers may overlap compute fully: no schedule beats it
+  BoundShape serial;      // transfers add to the step
+};
+PhysicalBound physical_bound(const TrainScenario& base, double max_loss);
+
+// For each policy, walks the family upward, then bisects between the last
+// shape within the bound and the first beyond it over llama_ladder until
+// the two are within `resolution` (0.02: 2%) of each other. `progress` is
+// called per simulated shape.
 std::vector<CapacityRow> training_capacity(
     const TrainScenario& base, const std::vector<std::string>& policies, double max_loss,
-    const std::function<void(const std::string&)>& progress = {});
+    const std::function<void(const std::string&)>& progress = {}, double resolution = 0.02);
 
 }  // namespace u3m::experiments

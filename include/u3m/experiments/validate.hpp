@@ -6,7 +6,9 @@
 //   - in the simulator: sim::simulate_trace, the same engine on virtual time,
 //     with the same trace, budgets, lookahead and compute times, and links
 //     modelled from the `local` profile (`u3m hw calibrate`) at that rate;
-// and the step times compared. Nothing here is a speed goal; the error is a
+// both run by the one step driver (drive::StepDriver), with its real-time
+// and its virtual-time waiter, and the step times and the decisions (the
+// driver's logs) compared. Nothing here is a speed goal; the error is a
 // measured figure for the docs, not a test assertion.
 #pragma once
 

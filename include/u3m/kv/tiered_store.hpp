@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -78,8 +79,9 @@ struct StoreStack {
 class TieredStore {
  public:
   // Validates `config` (InputError naming the field) and builds the engine with capacities
-  // equal to the manager's: Note [Capacities agree]. Needs a host tier (capacity_slots[host]
-  // > 0): the engine stages every SSD move through host memory.
+  // equal to the manager's: Note [Capacities agree]. With an SSD tier it needs a host tier
+  // (capacity_slots[host] > 0) or write-back slots: the engine stages every SSD move through
+  // host memory.
   explicit TieredStore(KvConfig config, TieredStoreOptions options = {});
   // Over the caller's stack, which must outlive the store: its engine's capacities must be
   // stack_spec(config, options)'s (std::invalid_argument otherwise).
@@ -125,12 +127,12 @@ class TieredStore {
   std::vector<RequestId> poll();
   // True when the request runs and none of its blocks has a pending action.
   bool ready(RequestId id) const;
-  // The prepared actions not started yet, in seq order (a driver picks recompute-or-fetch
-  // from them before the next poll()).
-  std::vector<const Action*> unstarted() const;
+  // The actions the calls since the last poll() emitted, in seq order; none has started (a
+  // driver picks recompute-or-fetch from them before the next poll()).
+  std::vector<const Action*> emitted() const;
   // Token block `block` of the request is recomputed, not fetched (Note [Recompute in
-  // place]): its unstarted promotions drop the old copies and take a write lease in their
-  // target tier instead of reading. Call before the next poll().
+  // place]): its promotions emitted since the last poll() drop the old copies and take a
+  // write lease in their target tier instead of reading. Call before the next poll().
   void recompute(RequestId id, std::uint32_t block);
   // Throws std::logic_error if a settled block's engine copies are not where the manager says
   // (memory copy in another tier, two memory copies, none in its tier), or, with nothing
@@ -187,7 +189,9 @@ class TieredStore {
   std::unordered_map<engine::TensorId, unsigned> block_pending_;  // pending actions per block
   unsigned staging_ = 0;                                          // staging slots in use
   std::map<engine::TensorId, Trail> trailing_;  // Note [Write-behind staging]
+  std::deque<engine::TensorId> trail_order_;    // trailing_ in the order the writes began
   std::uint64_t writeback_ = 0;                 // write-back slots in use
+  std::uint64_t last_seq_ = 0, polled_seq_ = 0;  // newest action enqueued; and at the last poll
   std::uint64_t lost_seen_ = 0;  // engine lost_tensors already reaped
   TieredStoreStats st_;
 };

@@ -101,6 +101,9 @@ struct U3mPolicyOptions {
   // (simulated, docs/policy.md), because an idle link is lost time there and
   // the wider window it needs shields more tensors from eviction.
   bool jit_prefetch = false;
+  // Note [Layer-ahead streaming] in u3m.cpp: at each ZeRO-3 gather, prefetch
+  // the weight shards the next gather reads (one layer ahead).
+  bool stream_layer_ahead = true;
   JitConfig jit{};
 };
 
@@ -116,6 +119,11 @@ struct PolicyInputs {
   mem::LinkModel h2d, s2h;
   bool has_ssd = false;
   unsigned lookahead = 4;  // the lookahead policy's ops ahead
+  // lru, u3m and oracle: create loaded state on the device (as hbm-only
+  // does; what does not fit spills by the policy's victim order) instead of
+  // the seed rules' tiers; optimizer state a host optimizer works on stays
+  // in DRAM. The training experiments' settings search tries both.
+  bool device_home = false;
   U3mPolicyOptions u3m{};
   // The u3m policy's predictor, shared by every policy made for this trace
   // (Note [Shared window log] in predict/window_log.hpp): made with
@@ -174,6 +182,11 @@ struct PolicyInfo {
   std::string_view name;
   std::string_view help;  // one line
   std::function<std::unique_ptr<TieringPolicy>(const PolicyInputs&)> make;
+  // The optimizer placements it runs (PolicyInputs::host_optimizer): the
+  // training experiments' settings search tries each one it allows.
+  bool device_optimizer = true, host_optimizer = true;
+  // Whether it honours PolicyInputs::device_home (the search tries both).
+  bool places_home = false;
 };
 const std::vector<PolicyInfo>& tiering_policies();
 // "hbm-only | static-offload | ...", for --help.

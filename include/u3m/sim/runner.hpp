@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "u3m/engine/engine.hpp"
+#include "u3m/engine/run_observer.hpp"
 #include "u3m/engine/steps.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/policy/tiering.hpp"
@@ -67,6 +68,9 @@ struct SimOptions {
   // Appends what the run asks of the engine (Note [Driver calls] in
   // policy/tiering.hpp); null = nothing recorded.
   policy::DriverLog* log = nullptr;
+  // Told the card's ops, stalls and step ends on virtual time (the card is
+  // its number in the run); null = none.
+  engine::RunObserver* observer = nullptr;
   unsigned lookahead = 4;
   std::uint64_t max_steps = 0;  // 0 = all
 };
@@ -194,11 +198,12 @@ struct CardsReport {
 //  * with share_ssd, the SSD links of every card book on one SharedLinks:
 //    the cards' drives pooled into one FIFO link (every card's options must
 //    then give the same h2s/s2h models, the pooled bandwidth).
-// Each card runs the single-card loop (Note [Simulation loop]) as a state
-// machine that stops where it would wait for time; the driver moves the
-// clock to the earliest event or end of compute. One card is simulate_trace
-// exactly (it is implemented as one card). InputError for bad options, as
-// simulate_trace, naming the card.
+// Each card runs the one step driver (drive::StepDriver, Note [Step driver]
+// in drive/step_driver.hpp), which stops where it would wait; the simulator
+// is its virtual-time waiter (Note [Virtual waiter] in runner.cpp) and moves
+// the clock to the earliest event or end of compute. One card is
+// simulate_trace exactly (it is implemented as one card). InputError for bad
+// options, as simulate_trace, naming the card.
 CardsReport simulate_cards(const std::vector<CardSpec>& cards, bool share_ssd);
 
 // Throws InputError for a trace that cannot be simulated (a tensor of 0

@@ -1,0 +1,207 @@
+#include "u3m/observe/diagnosis.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace u3m::observe {
+namespace {
+
+using Intervals = std::vector<std::pair<double, double>>;
+
+// Sorted, disjoint.
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [a, b] : v) {
+    if (!out.empty() && a <= out.back().second)
+      out.back().second = std::max(out.back().second, b);
+    else
+      out.emplace_back(a, b);
+  }
+  return out;
+}
+double length(const Intervals& v) {
+  double s = 0;
+  for (const auto& [a, b] : v) s += b - a;
+  return s;
+}
+// Length of the intersection of two merged lists.
+double overlap(const Intervals& x, const Intervals& y) {
+  double s = 0;
+  for (std::size_t i = 0, j = 0; i < x.size() && j < y.size();) {
+    s += std::max(0.0, std::min(x[i].second, y[j].second) - std::max(x[i].first, y[j].first));
+    (x[i].second < y[j].second ? i : j)++;
+  }
+  return s;
+}
+Intervals clipped(const Intervals& v, double a, double b) {
+  Intervals out;
+  for (const auto& [x, y] : v)
+    if (std::min(y, b) > std::max(x, a)) out.emplace_back(std::max(x, a), std::min(y, b));
+  return out;
+}
+
+std::vector<OpLoad> top10(std::vector<OpLoad> v, bool by_bytes) {
+  std::stable_sort(v.begin(), v.end(), [&](const OpLoad& a, const OpLoad& b) {
+    return by_bytes ? a.bytes > b.bytes : a.stall_s > b.stall_s;
+  });
+  std::erase_if(v, [&](const OpLoad& o) { return by_bytes ? o.bytes == 0 : o.stall_s <= 0; });
+  if (v.size() > 10) v.resize(10);
+  return v;
+}
+
+}  // namespace
+
+void Diagnosis::op(int card, std::int64_t step, std::size_t index, std::string_view name,
+                   double t0_s, double t1_s) {
+  std::lock_guard g(mu_);
+  spans_.push_back({card, step, index, std::string(name), t0_s, t1_s, false});
+}
+
+void Diagnosis::stall(int card, std::int64_t step, std::size_t index, double t0_s, double t1_s) {
+  std::lock_guard g(mu_);
+  spans_.push_back({card, step, index, {}, t0_s, t1_s, true});
+}
+
+void Diagnosis::transfer(const engine::TransferRecord& t) {
+  std::lock_guard g(mu_);
+  transfers_.push_back(t);
+}
+
+// Note [Bandwidth diagnosis]
+// A transfer is charged to the op that was waiting or running when it ended
+// (the op that needed it, or the one whose time it overlapped); an op's name
+// collects its charges over all steps. A step runs from its first stall or
+// op to its last op's end; its transfer time is the union of transfer spans
+// inside it (overlapping transfers count once), of which the part under an
+// op's compute was hidden, and its stalls are the exposed time. The first
+// step is left out: it fetches everything cold.
+DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& limit_bps,
+                                  int card) const {
+  std::lock_guard g(mu_);
+  DiagnosisReport r;
+  double t0 = std::numeric_limits<double>::infinity(), t1 = -t0;
+  std::vector<const Span*> spans;
+  for (const Span& s : spans_)
+    if (s.card == card) {
+      spans.push_back(&s);
+      t0 = std::min(t0, s.t0);
+      t1 = std::max(t1, s.t1);
+    }
+  std::vector<const engine::TransferRecord*> tr;
+  for (const auto& t : transfers_)
+    if (t.card == card && t.ok) {
+      tr.push_back(&t);
+      t0 = std::min(t0, t.start_s);
+      t1 = std::max(t1, t.end_s);
+    }
+  if (t1 <= t0) return r;
+  r.span_s = t1 - t0;
+  std::array<Intervals, engine::kNumLinks> per_link;
+  Intervals all;
+  for (const auto* t : tr) {
+    const int l = static_cast<int>(t->link);
+    r.links[l].bytes += t->bytes;
+    per_link[l].emplace_back(t->start_s, t->end_s);
+    all.emplace_back(t->start_s, t->end_s);
+  }
+  for (int l = 0; l < engine::kNumLinks; ++l) {
+    r.links[l].busy_s = length(merged(per_link[l]));
+    r.links[l].achieved_bps = static_cast<double>(r.links[l].bytes) / r.span_s;
+    r.links[l].utilisation = limit_bps[l] > 0 ? r.links[l].achieved_bps / limit_bps[l] : 0;
+  }
+  // Each op's window: its stall (if any) and its run, keyed by (step, index).
+  std::map<std::pair<std::int64_t, std::size_t>, std::pair<double, double>> window;
+  std::map<std::pair<std::int64_t, std::size_t>, std::string> name_of;
+  std::map<std::string, OpLoad> load;
+  for (const Span* s : spans) {
+    const auto key = std::make_pair(s->step, s->index);
+    auto [it, fresh] = window.try_emplace(key, s->t0, s->t1);
+    if (!fresh) it->second = {std::min(it->second.first, s->t0), std::max(it->second.second, s->t1)};
+    if (!s->stall) name_of[key] = s->name;
+  }
+  for (const Span* s : spans)
+    if (s->stall && name_of.count({s->step, s->index})) {
+      OpLoad& o = load[name_of[{s->step, s->index}]];
+      o.stall_s += s->t1 - s->t0;
+    }
+  std::vector<std::pair<double, std::pair<std::int64_t, std::size_t>>> by_end;  // window end
+  for (const auto& [key, w] : window) by_end.push_back({w.second, key});
+  std::sort(by_end.begin(), by_end.end());
+  for (const auto* t : tr) {
+    // The first window ending at or after the transfer's end, if it began by then.
+    auto it = std::lower_bound(by_end.begin(), by_end.end(),
+                               std::make_pair(t->end_s, std::make_pair(std::int64_t{-1}, std::size_t{0})),
+                               [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (it == by_end.end() || window[it->second].first > t->end_s || !name_of.count(it->second))
+      continue;
+    load[name_of[it->second]].bytes += t->bytes;
+  }
+  std::vector<OpLoad> loads;
+  for (auto& [name, o] : load) {
+    o.name = name;
+    loads.push_back(o);
+  }
+  r.top_by_bytes = top10(loads, true);
+  r.top_by_stall = top10(loads, false);
+  // Steady-state steps.
+  std::map<std::int64_t, std::pair<double, double>> step_win;
+  std::map<std::int64_t, Intervals> compute;
+  std::map<std::int64_t, double> stalled;
+  for (const Span* s : spans) {
+    auto [it, fresh] = step_win.try_emplace(s->step, s->t0, s->t1);
+    if (!fresh) it->second = {std::min(it->second.first, s->t0), std::max(it->second.second, s->t1)};
+    if (s->stall)
+      stalled[s->step] += s->t1 - s->t0;
+    else
+      compute[s->step].emplace_back(s->t0, s->t1);
+  }
+  const Intervals moving = merged(all);
+  bool first = true;
+  for (const auto& [step, w] : step_win) {
+    if (first) {
+      first = false;
+      continue;
+    }
+    StepOverlap so;
+    so.step = step;
+    const Intervals in = clipped(moving, w.first, w.second);
+    so.transfer_s = length(in);
+    so.hidden_s = overlap(in, merged(compute[step]));
+    so.exposed_s = stalled[step];
+    r.steps.push_back(so);
+  }
+  return r;
+}
+
+nlohmann::json Diagnosis::to_json(const DiagnosisReport& r) {
+  nlohmann::json links = nlohmann::json::object();
+  for (int l = 0; l < engine::kNumLinks; ++l)
+    links[std::string(engine::to_string(engine::Link(l)))] = {
+        {"bytes", r.links[l].bytes},
+        {"busy_s", r.links[l].busy_s},
+        {"achieved_bytes_per_s", r.links[l].achieved_bps},
+        {"utilisation", r.links[l].utilisation}};
+  auto ops = [](const std::vector<OpLoad>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const OpLoad& o : v) a.push_back({{"op", o.name}, {"bytes", o.bytes}, {"stall_s", o.stall_s}});
+    return a;
+  };
+  nlohmann::json steps = nlohmann::json::array();
+  for (const StepOverlap& s : r.steps)
+    steps.push_back({{"step", s.step},
+                     {"transfer_s", s.transfer_s},
+                     {"hidden_s", s.hidden_s},
+                     {"exposed_s", s.exposed_s}});
+  return {{"span_s", r.span_s},
+          {"links", links},
+          {"top_ops_by_bytes", ops(r.top_by_bytes)},
+          {"top_ops_by_stall", ops(r.top_by_stall)},
+          {"steady_steps", steps}};
+}
+
+}  // namespace u3m::observe
