@@ -1153,6 +1153,10 @@ Status Engine::acquire_locked(std::unique_lock<std::mutex>& lk, Entry& e, Tier t
     if (grantable(e, tier, access) && allocate_copy(e, tier)) {
       grant(e, tier, access, out, act);
       e.demand_want &= static_cast<std::uint8_t>(~bit(tier));
+      // Granted: a claim set while this call waited (its own fetch landed,
+      // after an earlier try_acquire) ends here too, or the copy would stay
+      // unevictable until some later ask (Note [Claimed copies]).
+      e.claimed &= static_cast<std::uint8_t>(~bit(tier));
       e.error[i] = Status::ok;  // an old failure must not fail a later caller
       waited ? ++st_.misses : ++st_.hits;
       ++(waited ? st_.misses_by_tier : st_.hits_by_tier)[i];

@@ -326,3 +326,49 @@ TEST(NoProgressProperty, ThreadsHoldingLeasesUnderTinyBudgetsAllFinish) {
 
 }  // namespace
 }  // namespace u3m::engine
+
+namespace u3m::engine {
+namespace {
+
+// Note [Claimed copies]: a copy fetched after a polling caller's try_acquire
+// is kept from eviction until that tensor is asked for again. A blocking
+// acquire that waits for that very fetch asks again: once it is granted the
+// copy must be evictable again, or the tier fills with claimed copies
+// nobody will ask for (seen as out of memory in u3m.torch.offload).
+TEST(NoProgress, AGrantEndsTheClaimOfTheFetchItWaitedFor) {
+  ManualRig rig(small(128 * KiB, 1 * MiB));
+  Engine& e = *rig.engine;
+  ASSERT_EQ(e.add(1, 64 * KiB), Status::ok);
+  ASSERT_EQ(e.add(2, 96 * KiB), Status::ok);
+  Lease l;
+  ASSERT_EQ(e.acquire(1, Tier::device, Access::write, &l), Status::ok);
+  ASSERT_EQ(e.release(l), Status::ok);
+  ASSERT_EQ(e.evict(1, Tier::device), Status::ok);
+  while (rig.transport.pending()) rig.transport.complete();
+  ASSERT_FALSE(e.residency(1)->valid[0]);
+
+  // The polling ask starts the fetch; a blocking ask then waits for it.
+  ASSERT_EQ(e.try_acquire(1, Tier::device, Access::read, &l), Status::busy);
+  std::atomic<bool> granted{false};
+  std::thread waiter([&] {
+    Lease w;
+    ASSERT_EQ(e.acquire(1, Tier::device, Access::read, &w), Status::ok);
+    granted = true;
+    e.release(w);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let it block
+  while (!granted) {
+    if (rig.transport.pending()) rig.transport.complete();
+    std::this_thread::yield();
+  }
+  waiter.join();
+
+  // Tensor 2 needs the room tensor 1's clean device copy takes.
+  Lease b;
+  EXPECT_EQ(e.acquire(2, Tier::device, Access::write, &b), Status::ok) << Engine::last_failure();
+  if (b) e.release(b);
+  EXPECT_EQ(e.stats().oom, 0u);
+}
+
+}  // namespace
+}  // namespace u3m::engine
