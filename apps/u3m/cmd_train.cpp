@@ -4,6 +4,7 @@
 // this machine with its simulation and labels each side.
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -11,11 +12,13 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/experiments/train_json.hpp"
+#include "u3m/observe/timeline.hpp"
 #include "u3m/util/version.hpp"
 #include "commands.hpp"
 #include "u3m/experiments/train.hpp"
@@ -47,7 +50,8 @@ struct TrainArgs {
   double recalibrate_period_s = 0;
   std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
-  std::string config;  // --config FILE
+  std::string config;    // --config FILE
+  std::string timeline;  // --timeline OUT.json (train sim)
   nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
 
@@ -165,8 +169,21 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
 
 void run_sim(const TrainArgs& a) {
   experiments::TrainScenario s = scenario(a, "separate");
-  if (a.fail_card_given) return run_failover(a, s);
+  if (a.fail_card_given) {
+    if (!a.timeline.empty()) input_error("--timeline", "is not recorded with --fail-card");
+    return run_failover(a, s);
+  }
+  observe::Timeline timeline;
+  if (!a.timeline.empty()) {
+    if (std::FILE* f = std::fopen(a.timeline.c_str(), "wb"))  // fail now, not after the run
+      std::fclose(f);
+    else
+      input_error("--timeline", "cannot write '{}'", a.timeline);
+    s.observer = &timeline;
+  }
   experiments::TrainResult r = experiments::simulate_training(s);
+  if (!a.timeline.empty())
+    timeline.write(a.timeline, fmt::format("virtual time, simulated with profile {}", s.hw.name));
   if (a.json) {
     nlohmann::json j = experiments::train_sim_json(s, r);
     j["config"] = a.config_used;
@@ -620,6 +637,10 @@ void add_train_commands(CLI::App& app) {
       ->capture_default_str();
   sim->add_option("--policy", a->policy, policy::tiering_policy_choices())
       ->capture_default_str();
+  sim->add_option("--timeline", a->timeline,
+                  "Write the reported run (the settings chosen) as Chrome trace / Perfetto JSON "
+                  "on virtual time: ops, stalls, transfers per link, tier occupancy "
+                  "(docs/operators.md)");
   sim->add_option("--fail-card", a->fail_card,
                   "K@STEP: card K fails before step STEP; its shards move to card K+1 over the "
                   "card-to-card link and training goes on (reports the slowdown)");

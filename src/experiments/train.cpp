@@ -222,6 +222,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer, bool devi
     r.device_home = device_home;
     sim::SimOptions co = o;
     co.policy = policies.back().get();
+    co.observer = s.observer;
     co.op_time = [&pol, device_time, host_time](const trace::Op& op) {
       return pol.op_tier(op) == Tier::host ? host_time(op) : device_time(op);
     };
@@ -381,6 +382,7 @@ TrainResult simulate_cards_policy(const TrainScenario& s, const std::vector<Card
   std::uint64_t events = 0;
   for (std::uint32_t k : recompute_choices(s)) {
     TrainScenario x = s;
+    x.observer = nullptr;  // the search's runs are not the one reported
     x.train.recompute = false;
     x.train.recompute_layers = k;
     const Workloads work = make_workloads(x, slots);
@@ -393,6 +395,12 @@ TrainResult simulate_cards_policy(const TrainScenario& s, const std::vector<Card
     }
   }
   best->trace_events = events;
+  if (s.observer) {  // the chosen settings once more, watched (the run is deterministic)
+    TrainScenario x = s;
+    x.train.recompute = false;
+    x.train.recompute_layers = best->recompute_layers;
+    simulate_once(x, best->optimizer_on_host, best->device_home, slots, make_workloads(x, slots));
+  }
   return *best;
 }
 

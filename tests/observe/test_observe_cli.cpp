@@ -38,7 +38,7 @@ class ObserveCli : public ::testing::Test {
 
 const char* const kOps = "u3m_ops_total{card=\"0\"}";
 const char* const kH2d =
-    "u3m_link_bytes_total{card=\"0\",link=\"h2d\",from=\"host\",to=\"device\"}";  // present
+    "u3m_link_bytes_total{card=\"0\",link=\"h2d\",from=\"host\",to=\"device\"}";
 
 TEST_F(ObserveCli, MetricsScrapedDuringARealReplayHaveTheirNamesAndMove) {
   const int port = free_port();
@@ -80,10 +80,9 @@ TEST_F(ObserveCli, MetricsScrapedDuringARealReplayHaveTheirNamesAndMove) {
     EXPECT_TRUE(last.count(name)) << name;
   EXPECT_GT(last[kOps], first[kOps]);
   EXPECT_GT(last["u3m_op_seconds_total{card=\"0\"}"], first["u3m_op_seconds_total{card=\"0\"}"]);
-  // The engine's own series (link bytes, tier use, hits) move only once the
-  // step driver attaches the replay's engine (Engine::set_observer), which it
-  // does not yet: docs/operators.md. tests/observe/test_metrics.cpp and
-  // tests/python/test_metrics.py scrape them moving on an attached engine.
+  // The engine's own series move too: the step driver attaches the replay's
+  // engine to the observer.
+  EXPECT_GT(last[kH2d], first[kH2d]);
 }
 
 TEST_F(ObserveCli, ReplayTimelinePassesTheTraceEventSchemaCheck) {
@@ -99,8 +98,25 @@ TEST_F(ObserveCli, ReplayTimelinePassesTheTraceEventSchemaCheck) {
     if (e.contains("cat")) ++cats[e["cat"].get<std::string>()];
   EXPECT_GT(cats["op"], 0);
   EXPECT_GT(cats["step"], 0);
-  // Transfers and occupancy come from the engine once the driver attaches it
-  // (see above); test_timeline.cpp checks them from an engine on the real stack.
+  // Transfers and occupancy come from the engine the driver attaches.
+  EXPECT_GT(cats["transfer"], 0);
+  EXPECT_GT(cats["occupancy"], 0);
+}
+
+// The simulator's timeline: the same observer on virtual time, two cards.
+TEST_F(ObserveCli, TrainSimTimelinePassesTheTraceEventSchemaCheck) {
+  const std::string out = dir_.file("train-timeline.json");
+  auto r = run_cli("train sim --model tiny --cards 2 --timeline " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(out);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  const auto bad = check_trace_events(doc);
+  EXPECT_TRUE(bad.empty()) << bad.front();
+  std::map<std::string, int> cats;
+  for (const auto& e : doc["traceEvents"])
+    if (e.contains("cat")) ++cats[e["cat"].get<std::string>()];
+  for (const char* c : {"op", "step", "transfer", "occupancy"}) EXPECT_GT(cats[c], 0) << c;
+  EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("simulated"), std::string::npos);
 }
 
 TEST_F(ObserveCli, BadFlagsNameThemselvesAndExit2) {

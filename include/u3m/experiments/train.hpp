@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "u3m/engine/run_observer.hpp"
 #include "u3m/policy/tiering.hpp"
 #include "u3m/policy/u3m.hpp"
 #include "u3m/sim/profile.hpp"
@@ -43,6 +44,9 @@ struct TrainScenario {
   std::uint32_t cards = 4;
   std::string policy = "u3m";
   std::uint32_t steps = 3;  // simulated; the last one is reported (the first warms up)
+  // Told the ops, stalls, transfers and occupancy of the run reported (the
+  // settings the search chose, run once more), on virtual time; null = none.
+  engine::RunObserver* observer = nullptr;
   CardModel card_model = CardModel::symmetric;
   policy::U3mPolicyOptions u3m{};  // the u3m policy's knobs (docs/policy.md); other policies ignore them
   // Note [One settings search] in train.cpp: true (the default), every
