@@ -332,9 +332,7 @@ void add_predict_commands(CLI::App& app) {
       ->check(CLI::ExistingFile);
   eval->callback([args, predictors, eval] {
     args->predictors_given = predictors->count() > 0;
-    config::Binder b(
-        args->config.empty() ? config::RunConfig{} : config::load_run_config(args->config),
-        [eval](std::string_view flag) { return eval->count(std::string(flag)) > 0; });
+    config::Binder b = config_binder(args->config, eval);
     if (b.file().predictor.name && !args->predictors_given) args->predictors_given = true;
     b.bind(U3M_CONFIG_FIELD(predictor.name), "--predictors", args->predictors,
            [](const std::string& v) { return v; },

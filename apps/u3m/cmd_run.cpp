@@ -92,9 +92,8 @@ nlohmann::json faults_json(const drive::ReplayReport& r) {
 }
 
 // The config file's fields that replay reads, each overridden by its flag.
-config::Binder bind_config(ReplayArgs& a, const std::function<bool(std::string_view)>& given) {
-  config::Binder b(a.config.empty() ? config::RunConfig{} : config::load_run_config(a.config),
-                   given);
+config::Binder bind_config(ReplayArgs& a) {
+  config::Binder b = config_binder(a.config, a.cmd);
   drive::ReplayOptions& o = a.opt;
   auto nonzero = [](std::uint64_t v) { return v ? std::optional(v) : std::nullopt; };
   auto same = [](const auto& v) { return v; };
@@ -131,7 +130,7 @@ int run_replay(ReplayArgs& a) {
   if (given("--ssd-size")) o.ssd_capacity = parse_size(a.ssd_size, "--ssd-size", kMax);
   if (given("--ssd-faults")) o.ssd_faults = mem::FaultSpec::parse(a.ssd_faults, "--ssd-faults");
   if (given("--pool-config")) o.pool = mem::PoolConfig::parse(a.pool_config, "--pool-config");
-  const config::Binder cfg = bind_config(a, given);
+  const config::Binder cfg = bind_config(a);
   if (!(a.device_fraction > 0 && a.device_fraction <= 1))
     input_error("--device-fraction", "must be in (0, 1], got {}", a.device_fraction);
   o.device_fraction = a.device_fraction;

@@ -34,8 +34,7 @@ struct ServeArgs {
 // The config file's fields that serve sim and capacity read, each overridden
 // by its flag; records the values used for the JSON result.
 void apply_config(ServeArgs& a, const CLI::App* cmd) {
-  config::Binder b(a.config.empty() ? config::RunConfig{} : config::load_run_config(a.config),
-                   [cmd](std::string_view flag) { return cmd->count(std::string(flag)) > 0; });
+  config::Binder b = config_binder(a.config, cmd);
   b.bind(U3M_CONFIG_FIELD(hw), "--hw", a.hw);
   if (cmd->get_name() == "sim") b.bind(U3M_CONFIG_FIELD(kv.policy), "--kv-policy", a.policy);
   a.config_used = b.effective();

@@ -58,8 +58,7 @@ struct TrainArgs {
 // The config file's fields that train sim and capacity read, each overridden
 // by its flag; records the values used for the JSON result.
 void apply_config(TrainArgs& a, const CLI::App* cmd) {
-  config::Binder b(a.config.empty() ? config::RunConfig{} : config::load_run_config(a.config),
-                   [cmd](std::string_view flag) { return cmd->count(std::string(flag)) > 0; });
+  config::Binder b = config_binder(a.config, cmd);
   b.bind(U3M_CONFIG_FIELD(hw), "--hw", a.hw);
   if (cmd->get_name() == "sim") b.bind(U3M_CONFIG_FIELD(policy.tiering), "--policy", a.policy);
   b.bind(U3M_CONFIG_FIELD(prefetch.mode), "--prefetch", a.prefetch);

@@ -1,9 +1,20 @@
 // Each layer's CLI commands live in their own file and register here.
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
 
+#include "u3m/config/run_config.hpp"
+
 namespace u3m::cli {
+
+// The run config `--config PATH` names ("" = none) against `cmd`'s flags: a
+// flag given on the command line wins over the file (docs/config.md).
+inline config::Binder config_binder(const std::string& path, const CLI::App* cmd) {
+  return config::Binder(path.empty() ? config::RunConfig{} : config::load_run_config(path),
+                        [cmd](std::string_view flag) { return cmd->count(std::string(flag)) > 0; });
+}
 
 void add_trace_commands(CLI::App& app);       // cmd_trace.cpp: import, stats, convert
 void add_trace_gen_command(CLI::App& trace);  // cmd_gen.cpp: trace gen

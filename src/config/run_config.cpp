@@ -232,53 +232,33 @@ nlohmann::json Binder::effective() const {
 
 nlohmann::json RunConfig::to_json() const {
   nlohmann::json j = nlohmann::json::object();
-  auto put = [](nlohmann::json& o, const char* k, const auto& v) {
-    if (v) o[k] = *v;
+  // j[path] = *v for a set field; a table appears only once a field in it is set.
+  auto put = [&j](std::initializer_list<const char*> path, const auto& v) {
+    if (!v) return;
+    nlohmann::json* at = &j;
+    for (const char* k : path) at = &(*at)[k];
+    *at = *v;
   };
-  auto tier = [&](const TierConfig& t) {
-    nlohmann::json o = nlohmann::json::object();
-    put(o, "budget", t.budget);
-    put(o, "fraction", t.fraction);
-    put(o, "high_watermark", t.high_watermark);
-    put(o, "low_watermark", t.low_watermark);
-    return o;
-  };
-  auto section = [&](const char* k, nlohmann::json o) {
-    if (!o.empty()) j[k] = std::move(o);
-  };
-  nlohmann::json p = nlohmann::json::object();
-  put(p, "hw", hw);
-  section("profile", p);
-  nlohmann::json tiers = nlohmann::json::object(), ssdj = nlohmann::json::object();
-  if (auto d = tier(device); !d.empty()) tiers["device"] = d;
-  if (auto h = tier(host); !h.empty()) tiers["host"] = h;
-  put(ssdj, "dir", ssd.dir);
-  put(ssdj, "size", ssd.size);
-  put(ssdj, "faults", ssd.faults);
-  if (!ssdj.empty()) tiers["ssd"] = ssdj;
-  section("tiers", tiers);
-  nlohmann::json l = nlohmann::json::object();
-  put(l, "h2d_gbps", links.h2d_gbps);
-  put(l, "d2h_gbps", links.d2h_gbps);
-  section("links", l);
-  nlohmann::json po = nlohmann::json::object();
-  put(po, "config", pool);
-  section("pool", po);
-  nlohmann::json pol = nlohmann::json::object();
-  put(pol, "tiering", policy.tiering);
-  put(pol, "host_optimizer", policy.host_optimizer);
-  section("policy", pol);
-  nlohmann::json pre = nlohmann::json::object();
-  put(pre, "lookahead", prefetch.lookahead);
-  put(pre, "mode", prefetch.mode);
-  section("prefetch", pre);
-  nlohmann::json pr = nlohmann::json::object();
-  put(pr, "name", predictor.name);
-  put(pr, "horizon", predictor.horizon);
-  section("predictor", pr);
-  nlohmann::json k = nlohmann::json::object();
-  put(k, "policy", kv.policy);
-  section("kv", k);
+  put({"profile", "hw"}, hw);
+  for (auto [name, t] : {std::pair{"device", &device}, std::pair{"host", &host}}) {
+    put({"tiers", name, "budget"}, t->budget);
+    put({"tiers", name, "fraction"}, t->fraction);
+    put({"tiers", name, "high_watermark"}, t->high_watermark);
+    put({"tiers", name, "low_watermark"}, t->low_watermark);
+  }
+  put({"tiers", "ssd", "dir"}, ssd.dir);
+  put({"tiers", "ssd", "size"}, ssd.size);
+  put({"tiers", "ssd", "faults"}, ssd.faults);
+  put({"links", "h2d_gbps"}, links.h2d_gbps);
+  put({"links", "d2h_gbps"}, links.d2h_gbps);
+  put({"pool", "config"}, pool);
+  put({"policy", "tiering"}, policy.tiering);
+  put({"policy", "host_optimizer"}, policy.host_optimizer);
+  put({"prefetch", "lookahead"}, prefetch.lookahead);
+  put({"prefetch", "mode"}, prefetch.mode);
+  put({"predictor", "name"}, predictor.name);
+  put({"predictor", "horizon"}, predictor.horizon);
+  put({"kv", "policy"}, kv.policy);
   return j;
 }
 

@@ -40,6 +40,19 @@ const char* const kOps = "u3m_ops_total{card=\"0\"}";
 const char* const kH2d =
     "u3m_link_bytes_total{card=\"0\",link=\"h2d\",from=\"host\",to=\"device\"}";
 
+// A timeline file: parsed, schema-checked, with events of each category.
+nlohmann::json checked_timeline(const std::string& path, std::initializer_list<const char*> cats) {
+  std::ifstream in(path);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  const auto bad = check_trace_events(doc);
+  EXPECT_TRUE(bad.empty()) << bad.front();
+  std::map<std::string, int> seen;
+  for (const auto& e : doc["traceEvents"])
+    if (e.contains("cat")) ++seen[e["cat"].get<std::string>()];
+  for (const char* c : cats) EXPECT_GT(seen[c], 0) << path << ": no '" << c << "' events";
+  return doc;
+}
+
 TEST_F(ObserveCli, MetricsScrapedDuringARealReplayHaveTheirNamesAndMove) {
   const int port = free_port();
   ASSERT_GT(port, 0);
@@ -89,18 +102,9 @@ TEST_F(ObserveCli, ReplayTimelinePassesTheTraceEventSchemaCheck) {
   const std::string out = dir_.file("replay-timeline.json");
   auto r = run_cli("run replay " + trace_ + " --device-fraction 0.5 --timeline " + out);
   ASSERT_EQ(r.status, 0) << r.output;
-  std::ifstream in(out);
-  const nlohmann::json doc = nlohmann::json::parse(in);
-  const auto bad = check_trace_events(doc);
-  EXPECT_TRUE(bad.empty()) << bad.front();
-  std::map<std::string, int> cats;
-  for (const auto& e : doc["traceEvents"])
-    if (e.contains("cat")) ++cats[e["cat"].get<std::string>()];
-  EXPECT_GT(cats["op"], 0);
-  EXPECT_GT(cats["step"], 0);
   // Transfers and occupancy come from the engine the driver attaches.
-  EXPECT_GT(cats["transfer"], 0);
-  EXPECT_GT(cats["occupancy"], 0);
+  const nlohmann::json doc = checked_timeline(out, {"op", "step", "stall", "transfer", "occupancy"});
+  EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("measured"), std::string::npos);
 }
 
 // The simulator's timeline: the same observer on virtual time, two cards.
@@ -108,14 +112,7 @@ TEST_F(ObserveCli, TrainSimTimelinePassesTheTraceEventSchemaCheck) {
   const std::string out = dir_.file("train-timeline.json");
   auto r = run_cli("train sim --model tiny --cards 2 --timeline " + out);
   ASSERT_EQ(r.status, 0) << r.output;
-  std::ifstream in(out);
-  const nlohmann::json doc = nlohmann::json::parse(in);
-  const auto bad = check_trace_events(doc);
-  EXPECT_TRUE(bad.empty()) << bad.front();
-  std::map<std::string, int> cats;
-  for (const auto& e : doc["traceEvents"])
-    if (e.contains("cat")) ++cats[e["cat"].get<std::string>()];
-  for (const char* c : {"op", "step", "transfer", "occupancy"}) EXPECT_GT(cats[c], 0) << c;
+  const nlohmann::json doc = checked_timeline(out, {"op", "step", "transfer", "occupancy"});
   EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("simulated"), std::string::npos);
 }
 
