@@ -63,12 +63,13 @@ class StepContext {
 // prefetches and demotions that reach the engine, the scores it publishes
 // and the tensors the step frees. Not the retries of an ask or of a removal,
 // nor the engine's own moves: those follow the clock, which the simulator
-// and a real run do not share. Both drivers append to a DriverLog when given
-// one, so a test can check that they run a trace and a policy alike
-// (tests/drive/test_differential.cpp). The log is written by the drivers at
-// the calls they make, not by a wrapper around the engine: it shows that the
-// two drivers and the policy agree, not that the engine's own choices
-// (victims, the order of completions) do; those follow the clock.
+// and a real run do not share. The step driver (drive::StepDriver) appends
+// to a DriverLog when given one, so a test can check that it runs a trace and
+// a policy alike under virtual and real time (tests/drive/test_differential.cpp).
+// The log is written by the driver at the calls it makes, not by a wrapper
+// around the engine: it shows that the two waiters and the policy agree, not
+// that the engine's own choices (victims, the order of completions) do; those
+// follow the clock.
 struct DriverCall {
   enum class Kind : std::uint8_t { acquire, prefetch, demote, publish, free };
   Kind kind = Kind::acquire;
