@@ -1,6 +1,7 @@
 // u3m run replay: a trace replayed through the real runtime (device-emu,
 // pinned host, optional SSD tier) under a device budget smaller than its
 // footprint, with every byte checked (docs/runtime.md, "Replay").
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "commands.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/drive/replay.hpp"
+#include "u3m/observe/diagnosis.hpp"
 #include "u3m/observe/fanout.hpp"
 #include "u3m/observe/metrics.hpp"
 #include "u3m/observe/timeline.hpp"
@@ -34,6 +36,7 @@ struct ReplayArgs {
   bool json = false;
   int metrics_port = -1;  // -1 = no metrics server
   std::string timeline;   // "" = none
+  bool diagnose = false;  // --diagnose
   const CLI::App* cmd = nullptr;  // given flags: an empty size is an error, not the default
 };
 
@@ -146,6 +149,7 @@ int run_replay(ReplayArgs& a) {
   // docs/operators.md: metrics served while the replay runs, a timeline written after it.
   observe::Metrics metrics;
   observe::Timeline timeline;
+  observe::Diagnosis diagnosis;
   observe::Fanout observers;
   if (!a.timeline.empty()) {
     if (std::FILE* f = std::fopen(a.timeline.c_str(), "wb"))  // fail now, not after the run
@@ -159,6 +163,7 @@ int run_replay(ReplayArgs& a) {
     fmt::print(stderr, "u3m: serving metrics on http://127.0.0.1:{}/metrics\n", port);
     observers.add(&metrics);
   }
+  if (a.diagnose) observers.add(&diagnosis);
   if (!observers.empty()) o.observer = &observers;
   drive::ReplayReport r = drive::replay_trace(t, o, progress);
   if (!a.timeline.empty())
@@ -172,6 +177,12 @@ int run_replay(ReplayArgs& a) {
                 r.first_error);
   const engine::EngineStats& s = r.engine;
   const std::string where = fmt::format("measured on {}", machine());
+  // Limits: the emulated links' throttles where set; memcpy speed has no known limit here.
+  std::array<double, engine::kNumLinks> limit{};
+  limit[static_cast<int>(engine::Link::h2d)] = o.h2d_gbps * 1e9;
+  limit[static_cast<int>(engine::Link::d2h)] = o.d2h_gbps * 1e9;
+  const std::optional<observe::DiagnosisReport> diag =
+      a.diagnose ? std::optional(diagnosis.report(limit, 0)) : std::nullopt;
 
   if (a.json) {
     nlohmann::json links = nlohmann::json::object();
@@ -188,6 +199,7 @@ int run_replay(ReplayArgs& a) {
                         {"measured_on", machine()},
                         {"version", kVersion},
                         {"config", cfg.effective()},
+                        {"diagnosis", diag ? observe::Diagnosis::to_json(*diag) : nlohmann::json(nullptr)},
                         {"events", r.events},
                         {"ops", r.ops},
                         {"tensors", r.tensors},
@@ -270,6 +282,7 @@ int run_replay(ReplayArgs& a) {
         "(1 - largest free / free), {} segments\n",
         approx_bytes(r.pool.peak_reserved_bytes), approx_bytes(r.pool.peak_allocated_bytes),
         r.pool.fragmentation, r.pool.segments);
+    if (diag) fmt::print("{}", observe::Diagnosis::to_text(*diag, where + ", wall clock"));
   }
   return r.ok() ? 0 : 3;
 }
@@ -327,6 +340,10 @@ void add_run_commands(CLI::App& app) {
                  "Serve Prometheus metrics on http://127.0.0.1:PORT/metrics while the replay "
                  "runs (0 = any free port, printed on stderr; docs/operators.md)")
       ->check(CLI::Range(0, 65535));
+  rp->add_flag("--diagnose", a->diagnose,
+               "Bandwidth diagnosis: bytes per link (against the --h2d-gbps/--d2h-gbps throttle "
+               "where set), top 10 ops by bytes moved and by stall, transfer time hidden and "
+               "exposed per steady-state step (docs/operators.md)");
   rp->add_option("--timeline", a->timeline,
                  "Write the run's timeline as Chrome trace / Perfetto JSON (trace-event format; "
                  "docs/operators.md)");

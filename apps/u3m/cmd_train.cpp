@@ -2,11 +2,13 @@
 // (docs/training.md). `sim` and `capacity` print figures simulated with a
 // named hardware profile, never measured; `check` compares a measured run on
 // this machine with its simulation and labels each side.
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <fmt/chrono.h>
@@ -18,7 +20,10 @@
 #include "cli_util.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/experiments/train_json.hpp"
+#include "u3m/observe/diagnosis.hpp"
+#include "u3m/observe/fanout.hpp"
 #include "u3m/observe/timeline.hpp"
+#include "u3m/sim/sim_transport.hpp"
 #include "u3m/util/version.hpp"
 #include "commands.hpp"
 #include "u3m/experiments/train.hpp"
@@ -52,6 +57,7 @@ struct TrainArgs {
   bool json = false;
   std::string config;    // --config FILE
   std::string timeline;  // --timeline OUT.json (train sim)
+  bool diagnose = false;  // --diagnose (train sim)
   nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
 
@@ -170,25 +176,39 @@ void run_sim(const TrainArgs& a) {
   experiments::TrainScenario s = scenario(a, "separate");
   if (a.fail_card_given) {
     if (!a.timeline.empty()) input_error("--timeline", "is not recorded with --fail-card");
+    if (a.diagnose) input_error("--diagnose", "is not made with --fail-card");
     return run_failover(a, s);
   }
   observe::Timeline timeline;
+  observe::Diagnosis diagnosis;
+  observe::Fanout observers;
   if (!a.timeline.empty()) {
     if (std::FILE* f = std::fopen(a.timeline.c_str(), "wb"))  // fail now, not after the run
       std::fclose(f);
     else
       input_error("--timeline", "cannot write '{}'", a.timeline);
-    s.observer = &timeline;
+    observers.add(&timeline);
   }
+  if (a.diagnose) observers.add(&diagnosis);
+  if (!observers.empty()) s.observer = &observers;
   experiments::TrainResult r = experiments::simulate_training(s);
-  if (!a.timeline.empty())
-    timeline.write(a.timeline, fmt::format("virtual time, simulated with profile {}", s.hw.name));
+  const std::string where = fmt::format("simulated with profile {}, virtual time", s.hw.name);
+  if (!a.timeline.empty()) timeline.write(a.timeline, where);
+  std::optional<observe::DiagnosisReport> diag;
+  if (a.diagnose) {  // card 0 against the profile's links (one card's share of the drives)
+    const sim::SimTransportConfig links = sim::links_from_profile(s.hw, 1);
+    std::array<double, engine::kNumLinks> limit{};
+    for (int l = 0; l < engine::kNumLinks; ++l) limit[l] = links.links[l].bandwidth;
+    diag = diagnosis.report(limit, 0);
+  }
   if (a.json) {
     nlohmann::json j = experiments::train_sim_json(s, r);
     j["config"] = a.config_used;
+    if (diag) j["diagnosis"] = observe::Diagnosis::to_json(*diag);
     fmt::print("{}\n", j.dump(2));
     return;
   }
+  if (diag) fmt::print("{}", observe::Diagnosis::to_text(*diag, where + ", card 0"));
   fmt::print("simulated with profile {} ({}), not measured\n", s.hw.name, s.hw.origin);
   fmt::print(
       "  {} ({:.2f} B params) on {} cards{}, micro-batch {} x {} tokens, grad-accum {}, policy "
@@ -640,6 +660,10 @@ void add_train_commands(CLI::App& app) {
                   "Write the reported run (the settings chosen) as Chrome trace / Perfetto JSON "
                   "on virtual time: ops, stalls, transfers per link, tier occupancy "
                   "(docs/operators.md)");
+  sim->add_flag("--diagnose", a->diagnose,
+                "Bandwidth diagnosis of the reported run, card 0: bytes per link against the "
+                "profile's limit, top 10 ops by bytes moved and by stall, transfer time hidden "
+                "and exposed per steady-state step (docs/operators.md)");
   sim->add_option("--fail-card", a->fail_card,
                   "K@STEP: card K fails before step STEP; its shards move to card K+1 over the "
                   "card-to-card link and training goes on (reports the slowdown)");

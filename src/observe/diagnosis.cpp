@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace u3m::observe {
@@ -202,6 +203,32 @@ nlohmann::json Diagnosis::to_json(const DiagnosisReport& r) {
           {"top_ops_by_bytes", ops(r.top_by_bytes)},
           {"top_ops_by_stall", ops(r.top_by_stall)},
           {"steady_steps", steps}};
+}
+
+std::string Diagnosis::to_text(const DiagnosisReport& r, std::string_view where) {
+  std::string out =
+      fmt::format("bandwidth diagnosis ({}), over {:.3f} s:\n  {:<5} {:>12} {:>10} {:>12} {:>8}\n",
+                  where, r.span_s, "link", "bytes", "busy s", "achieved/s", "of limit");
+  for (int l = 0; l < engine::kNumLinks; ++l) {
+    const LinkUse& u = r.links[l];
+    out += fmt::format("  {:<5} {:>12} {:>10.3f} {:>10.2f}GB {:>8}\n",
+                       engine::to_string(engine::Link(l)), u.bytes, u.busy_s, u.achieved_bps / 1e9,
+                       u.utilisation > 0 ? fmt::format("{:.1f}%", 100 * u.utilisation)
+                                         : std::string("no limit"));
+  }
+  auto top = [&out](const char* title, const std::vector<OpLoad>& v) {
+    out += fmt::format("  top ops by {}:\n", title);
+    for (const OpLoad& o : v)
+      out += fmt::format("    {:<40} {:>12} bytes {:>9.4f} s stalled\n", o.name, o.bytes, o.stall_s);
+  };
+  top("bytes moved", r.top_by_bytes);
+  top("stall", r.top_by_stall);
+  out += "  steady-state steps (the first, cold step left out): transfer time hidden / exposed\n";
+  for (const StepOverlap& s : r.steps)
+    out += fmt::format("    step {}: transfers {:.4f} s, hidden {:.4f} s, exposed (stalls) {:.4f} s\n",
+                       s.step, s.transfer_s, s.hidden_s, s.exposed_s);
+  if (r.steps.empty()) out += "    none: the run has one step\n";
+  return out;
 }
 
 }  // namespace u3m::observe

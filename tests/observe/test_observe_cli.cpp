@@ -116,6 +116,23 @@ TEST_F(ObserveCli, TrainSimTimelinePassesTheTraceEventSchemaCheck) {
   EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("simulated"), std::string::npos);
 }
 
+// --diagnose on a real replay and a simulated run: bytes per link, the top
+// ops, and the steady-state steps (the cold first one left out).
+TEST_F(ObserveCli, DiagnosisOfARealAndASimulatedRun) {
+  for (const std::string cmd : {"run replay " + trace_ + " --device-fraction 0.5 --h2d-gbps 1",
+                                std::string("train sim --model tiny --cards 1")}) {
+    SCOPED_TRACE(cmd);
+    auto r = run_cli(cmd + " --diagnose --json");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json d = nlohmann::json::parse(r.output)["diagnosis"];
+    EXPECT_GT(d["links"]["h2d"]["bytes"].get<std::uint64_t>(), 0u);
+    EXPECT_GT(d["links"]["h2d"]["utilisation"].get<double>(), 0.0);
+    EXPECT_FALSE(d["top_ops_by_bytes"].empty());
+    ASSERT_FALSE(d["steady_steps"].empty());
+    EXPECT_GE(d["steady_steps"][0]["step"].get<int>(), 1);  // step 0, the cold one, left out
+  }
+}
+
 TEST_F(ObserveCli, BadFlagsNameThemselvesAndExit2) {
   auto r = run_cli("run replay " + trace_ + " --timeline /nonexistent-dir/t.json");
   EXPECT_EQ(r.status, 2) << r.output;

@@ -51,6 +51,9 @@ class Diagnosis final : public engine::RunObserver {
   DiagnosisReport report(const std::array<double, engine::kNumLinks>& limit_bps,
                          int card = 0) const;
   static nlohmann::json to_json(const DiagnosisReport& r);
+  // The report as text, each figure labelled with `where` (measured on ...,
+  // or simulated with ...).
+  static std::string to_text(const DiagnosisReport& r, std::string_view where);
 
  private:
   struct Span {
