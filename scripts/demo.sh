@@ -82,8 +82,10 @@ step failover '1p;/slowdown per step/p' "$U3M" train sim --model llama2-13b --fa
 
 section "8. RAG serving goodput per KV policy, simulated with the ascend-910b-32g profile x 4 cards (docs/serving.md): in the summary below"
 json serve-rag "$U3M" serve capacity --requests rag --model llama3-8b --policies hbm-only,u3m
+# 200 requests: the serving simulator now runs every KV move through the store on a simulated
+# stack, about 25x slower than its old arithmetic on SSD-heavy runs (docs/serving.md).
 json serve-mooncake "$U3M" serve capacity --requests "$root/data/requests/mooncake_conversation_trace.jsonl.gz" \
-  --limit 1000 --model llama3-8b --policies hbm-only,u3m
+  --limit 200 --model llama3-8b --policies hbm-only,u3m
 
 section "9. PyTorch under u3m, measured on this CPU: training with half the device memory, generation with a quarter of the KV (docs/pytorch.md)"
 build=$(cd "$(dirname "$U3M")/../.." && pwd)
