@@ -14,12 +14,10 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "run_watch.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/drive/replay.hpp"
-#include "u3m/observe/diagnosis.hpp"
-#include "u3m/observe/fanout.hpp"
 #include "u3m/observe/metrics.hpp"
-#include "u3m/observe/timeline.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/util/version.hpp"
@@ -148,26 +146,21 @@ int run_replay(ReplayArgs& a) {
   };
   // docs/operators.md: metrics served while the replay runs, a timeline written after it.
   observe::Metrics metrics;
-  observe::Timeline timeline;
-  observe::Diagnosis diagnosis;
-  observe::Fanout observers;
-  if (!a.timeline.empty()) {
-    if (std::FILE* f = std::fopen(a.timeline.c_str(), "wb"))  // fail now, not after the run
-      std::fclose(f);
-    else
-      input_error("--timeline", "cannot write '{}'", a.timeline);
-    observers.add(&timeline);
-  }
+  RunWatch watch(a.timeline, a.diagnose);
   if (a.metrics_port >= 0) {
     const int port = metrics.serve(a.metrics_port);
     fmt::print(stderr, "u3m: serving metrics on http://127.0.0.1:{}/metrics\n", port);
-    observers.add(&metrics);
+    watch.add(&metrics);
   }
-  if (a.diagnose) observers.add(&diagnosis);
-  if (!observers.empty()) o.observer = &observers;
+  o.observer = watch.observer();
   drive::ReplayReport r = drive::replay_trace(t, o, progress);
-  if (!a.timeline.empty())
-    timeline.write(a.timeline, fmt::format("wall clock, measured on {}", machine()));
+  // Diagnosis limits: the emulated links' throttles where set; memcpy speed
+  // has no known limit here.
+  std::array<double, engine::kNumLinks> limit{};
+  limit[static_cast<int>(engine::Link::h2d)] = o.h2d_gbps * 1e9;
+  limit[static_cast<int>(engine::Link::d2h)] = o.d2h_gbps * 1e9;
+  const std::optional<observe::DiagnosisReport> diag =
+      watch.finish(fmt::format("wall clock, measured on {}", machine()), limit);
   if (tty) fmt::print(stderr, "\r\033[K");
   if (!r.ssd_notice.empty()) fmt::print(stderr, "u3m: note: {}\n", r.ssd_notice);
   if (r.out_of_memory)
@@ -177,12 +170,6 @@ int run_replay(ReplayArgs& a) {
                 r.first_error);
   const engine::EngineStats& s = r.engine;
   const std::string where = fmt::format("measured on {}", machine());
-  // Limits: the emulated links' throttles where set; memcpy speed has no known limit here.
-  std::array<double, engine::kNumLinks> limit{};
-  limit[static_cast<int>(engine::Link::h2d)] = o.h2d_gbps * 1e9;
-  limit[static_cast<int>(engine::Link::d2h)] = o.d2h_gbps * 1e9;
-  const std::optional<observe::DiagnosisReport> diag =
-      a.diagnose ? std::optional(diagnosis.report(limit, 0)) : std::nullopt;
 
   if (a.json) {
     nlohmann::json links = nlohmann::json::object();

@@ -20,12 +20,10 @@
 #include "cli_util.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/experiments/train_json.hpp"
-#include "u3m/observe/diagnosis.hpp"
-#include "u3m/observe/fanout.hpp"
-#include "u3m/observe/timeline.hpp"
 #include "u3m/sim/sim_transport.hpp"
 #include "u3m/util/version.hpp"
 #include "commands.hpp"
+#include "run_watch.hpp"
 #include "u3m/experiments/train.hpp"
 #include "u3m/experiments/validate.hpp"
 #include "u3m/sim/calibrate.hpp"
@@ -179,28 +177,15 @@ void run_sim(const TrainArgs& a) {
     if (a.diagnose) input_error("--diagnose", "is not made with --fail-card");
     return run_failover(a, s);
   }
-  observe::Timeline timeline;
-  observe::Diagnosis diagnosis;
-  observe::Fanout observers;
-  if (!a.timeline.empty()) {
-    if (std::FILE* f = std::fopen(a.timeline.c_str(), "wb"))  // fail now, not after the run
-      std::fclose(f);
-    else
-      input_error("--timeline", "cannot write '{}'", a.timeline);
-    observers.add(&timeline);
-  }
-  if (a.diagnose) observers.add(&diagnosis);
-  if (!observers.empty()) s.observer = &observers;
+  RunWatch watch(a.timeline, a.diagnose);
+  s.observer = watch.observer();
   experiments::TrainResult r = experiments::simulate_training(s);
   const std::string where = fmt::format("simulated with profile {}, virtual time", s.hw.name);
-  if (!a.timeline.empty()) timeline.write(a.timeline, where);
-  std::optional<observe::DiagnosisReport> diag;
-  if (a.diagnose) {  // card 0 against the profile's links (one card's share of the drives)
-    const sim::SimTransportConfig links = sim::links_from_profile(s.hw, 1);
-    std::array<double, engine::kNumLinks> limit{};
-    for (int l = 0; l < engine::kNumLinks; ++l) limit[l] = links.links[l].bandwidth;
-    diag = diagnosis.report(limit, 0);
-  }
+  // Diagnosis: card 0 against the profile's links (one card's share of the drives).
+  const sim::SimTransportConfig links = sim::links_from_profile(s.hw, 1);
+  std::array<double, engine::kNumLinks> limit{};
+  for (int l = 0; l < engine::kNumLinks; ++l) limit[l] = links.links[l].bandwidth;
+  const std::optional<observe::DiagnosisReport> diag = watch.finish(where, limit);
   if (a.json) {
     nlohmann::json j = experiments::train_sim_json(s, r);
     j["config"] = a.config_used;
