@@ -102,6 +102,8 @@ PriceTable parse_prices(std::string_view text, std::string_view where) {
   } catch (const json::parse_error& e) {
     input_error(fmt::format("{}:{}", where, line_at(text, e.byte ? e.byte - 1 : 0)),
                 "not JSON ({})", e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range: a number too large (found by fuzzing)
+    input_error(where, "not JSON the table can hold ({})", e.what());
   }
   const std::string w(where);
   if (!doc.is_object()) input_error(w, "expected an object with 'currency', 'fx' and 'items'");
