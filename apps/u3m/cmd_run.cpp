@@ -18,6 +18,7 @@
 #include "u3m/config/run_config.hpp"
 #include "u3m/drive/replay.hpp"
 #include "u3m/observe/metrics.hpp"
+#include "u3m/sim/profile.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/util/version.hpp"
@@ -35,6 +36,7 @@ struct ReplayArgs {
   int metrics_port = -1;  // -1 = no metrics server
   std::string timeline;   // "" = none
   bool diagnose = false;  // --diagnose
+  std::string hw;         // --hw: the profile --diagnose places ops on the roofline of ("" = none)
   const CLI::App* cmd = nullptr;  // given flags: an empty size is an error, not the default
 };
 
@@ -118,6 +120,7 @@ config::Binder bind_config(ReplayArgs& a) {
   b.bind(U3M_CONFIG_FIELD(policy.tiering), "--policy", o.policy);
   b.bind(U3M_CONFIG_FIELD(policy.host_optimizer), "--host-optimizer", o.host_optimizer);
   b.bind(U3M_CONFIG_FIELD(prefetch.lookahead), "--lookahead", o.lookahead);
+  b.bind(U3M_CONFIG_FIELD(hw), "--hw", a.hw);
   return b;
 }
 
@@ -139,6 +142,10 @@ int run_replay(ReplayArgs& a) {
   if (!o.ssd_faults.empty() && o.ssd_dir.empty())
     input_error("--ssd-faults", "needs an SSD tier (--ssd-dir, or tiers.ssd.dir in --config)");
   policy::find_tiering_policy(o.policy, "--policy");  // before the trace is read
+  if (!a.hw.empty() && !a.diagnose)
+    input_error("--hw", "is read by --diagnose only; add --diagnose");
+  std::optional<sim::HwProfile> hw;
+  if (!a.hw.empty()) hw = sim::load_profile(a.hw);
   trace::Trace t = trace::load_trace(a.trace);
   const bool tty = isatty(STDERR_FILENO) && !a.json;
   auto progress = [&](std::uint64_t done, std::uint64_t total) {
@@ -159,8 +166,8 @@ int run_replay(ReplayArgs& a) {
   std::array<double, engine::kNumLinks> limit{};
   limit[static_cast<int>(engine::Link::h2d)] = o.h2d_gbps * 1e9;
   limit[static_cast<int>(engine::Link::d2h)] = o.d2h_gbps * 1e9;
-  const std::optional<observe::DiagnosisReport> diag =
-      watch.finish(fmt::format("wall clock, measured on {}", machine()), limit);
+  const std::optional<observe::DiagnosisReport> diag = watch.finish(
+      fmt::format("wall clock, measured on {}", machine()), limit, hw ? &*hw : nullptr);
   if (tty) fmt::print(stderr, "\r\033[K");
   if (!r.ssd_notice.empty()) fmt::print(stderr, "u3m: note: {}\n", r.ssd_notice);
   if (r.out_of_memory)
@@ -330,7 +337,11 @@ void add_run_commands(CLI::App& app) {
   rp->add_flag("--diagnose", a->diagnose,
                "Bandwidth diagnosis: bytes per link (against the --h2d-gbps/--d2h-gbps throttle "
                "where set), top 10 ops by bytes moved and by stall, transfer time hidden and "
-               "exposed per steady-state step (docs/operators.md)");
+               "exposed per steady-state step, and with --hw the ops' roofline bound "
+               "(docs/operators.md)");
+  rp->add_option("--hw", a->hw,
+                 "Hardware profile (built-in name or TOML file) whose roofline --diagnose "
+                 "classifies each op by: HBM-bound or compute-bound (default: none)");
   rp->add_option("--timeline", a->timeline,
                  "Write the run's timeline as Chrome trace / Perfetto JSON (trace-event format; "
                  "docs/operators.md)");

@@ -185,7 +185,7 @@ void run_sim(const TrainArgs& a) {
   const sim::SimTransportConfig links = sim::links_from_profile(s.hw, 1);
   std::array<double, engine::kNumLinks> limit{};
   for (int l = 0; l < engine::kNumLinks; ++l) limit[l] = links.links[l].bandwidth;
-  const std::optional<observe::DiagnosisReport> diag = watch.finish(where, limit);
+  const std::optional<observe::DiagnosisReport> diag = watch.finish(where, limit, &s.hw);
   if (a.json) {
     nlohmann::json j = experiments::train_sim_json(s, r);
     j["config"] = a.config_used;
@@ -225,13 +225,6 @@ void run_sim(const TrainArgs& a) {
     const auto& x = r.sim.links[l];
     fmt::print("  {:<5} {:>10} {:>10} {:>8.3f}\n", engine::to_string(engine::Link(l)),
                gb(double(x.bytes)), x.transfers, double(x.busy_ns) * 1e-9);
-  }
-  fmt::print("  top ops by bytes they waited for:\n");
-  for (std::size_t i = 0; i < r.sim.op_families.size() && i < 5; ++i) {
-    const auto& f = r.sim.op_families[i];
-    if (f.missed_bytes == 0) break;
-    fmt::print("    {:<40} {:>10} waited {:.3f} s over {} runs\n", f.name,
-               gb(double(f.missed_bytes)), double(f.stall_ns) * 1e-9, f.steps);
   }
   fmt::print("  links modelled: {}{}\n", r.sim.links_label,
              r.card_model == experiments::CardModel::separate

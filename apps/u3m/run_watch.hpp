@@ -12,6 +12,7 @@
 #include "u3m/observe/diagnosis.hpp"
 #include "u3m/observe/fanout.hpp"
 #include "u3m/observe/timeline.hpp"
+#include "u3m/sim/cost.hpp"
 #include "u3m/util/error.hpp"
 
 namespace u3m::cli {
@@ -36,12 +37,20 @@ class RunWatch {
   engine::RunObserver* observer() { return all_.empty() ? nullptr : &all_; }
 
   // After the run: writes the timeline (its clock named by `clock`) and
-  // returns the diagnosis against `limit_bps`, if asked for.
+  // returns the diagnosis against `limit_bps`, if asked for, with the ops
+  // placed on the roofline of `hw` if given.
   std::optional<observe::DiagnosisReport> finish(
-      const std::string& clock, const std::array<double, engine::kNumLinks>& limit_bps) const {
+      const std::string& clock, const std::array<double, engine::kNumLinks>& limit_bps,
+      const sim::HwProfile* hw = nullptr) const {
     if (!path_.empty()) timeline_.write(path_, clock);
     if (!diagnose_) return std::nullopt;
-    return diagnosis_.report(limit_bps, 0);
+    observe::Roofline roofline;
+    if (hw)
+      roofline = [hw](double flops, double bytes) {
+        const sim::OpCost c = sim::op_cost(*hw, flops, bytes);
+        return observe::RooflineTime{c.compute_s, c.memory_s};
+      };
+    return diagnosis_.report(limit_bps, 0, roofline, hw ? hw->name : std::string());
   }
 
  private:

@@ -265,7 +265,7 @@ void StepDriver::add_stall() {
   rep_.stall_ns += step_stall_;
   if (o_.observer && now > t0_) {
     const trace::Op& op = trace_.ops[steps_[j_].op];
-    o_.observer->stall(o_.card, op.iteration, j_, seconds(t0_), seconds(now));
+    o_.observer->stall(o_.card, op.iteration, steps_[j_].op, seconds(t0_), seconds(now));
   }
 }
 
@@ -284,7 +284,9 @@ void StepDriver::end_compute() {
     rep_.iteration_end_ns[op.iteration] = now;
   }
   if (o_.observer) {
-    o_.observer->op(o_.card, op.iteration, j_, op.name, seconds(compute_from_), seconds(now));
+    o_.observer->op(o_.card, op.iteration, s.op, op.name,
+                    engine::OpWork{op.flops, static_cast<double>(op.bytes)}, seconds(compute_from_),
+                    seconds(now));
     const bool last_of_iteration = j_ + 1 == n_ || trace_.ops[steps_[j_ + 1].op].iteration !=
                                                        op.iteration;
     if (op.job == 0 && last_of_iteration) o_.observer->step_end(o_.card, op.iteration, seconds(now));

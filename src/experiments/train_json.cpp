@@ -48,15 +48,6 @@ nlohmann::json train_result_json(const TrainResult& r) {
     links[std::string(engine::to_string(engine::Link(l)))] = {
         {"bytes", x.bytes}, {"transfers", x.transfers}, {"busy_s", double(x.busy_ns) * 1e-9}};
   }
-  nlohmann::json fam = nlohmann::json::array();
-  for (std::size_t i = 0; i < r.sim.op_families.size() && i < 10; ++i) {
-    const auto& f = r.sim.op_families[i];
-    fam.push_back({{"op", f.name},
-                   {"steps", f.steps},
-                   {"compute_s", double(f.compute_ns) * 1e-9},
-                   {"stall_s", double(f.stall_ns) * 1e-9},
-                   {"missed_bytes", f.missed_bytes}});
-  }
   nlohmann::json cards = nlohmann::json::array();
   for (const auto& c : r.cards) {
     cards.push_back({{"card", c.card},
@@ -97,7 +88,6 @@ nlohmann::json train_result_json(const TrainResult& r) {
           {"peak_bytes",
            {{"device", r.sim.peak_device}, {"host", r.sim.peak_host}, {"ssd", r.sim.peak_ssd}}},
           {"links", links},
-          {"top_ops_by_missed_bytes", fam},
           {"links_model", r.sim.links_label}};
 }
 

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "u3m/trace/model.hpp"
+
 namespace u3m::observe {
 namespace {
 
@@ -58,14 +60,14 @@ std::vector<OpLoad> top10(std::vector<OpLoad> v, bool by_bytes) {
 }  // namespace
 
 void Diagnosis::op(int card, std::int64_t step, std::size_t index, std::string_view name,
-                   double t0_s, double t1_s) {
+                   engine::OpWork work, double t0_s, double t1_s) {
   std::lock_guard g(mu_);
-  spans_.push_back({card, step, index, std::string(name), t0_s, t1_s, false});
+  spans_.push_back({card, step, index, trace::op_family(name), work, t0_s, t1_s, false});
 }
 
 void Diagnosis::stall(int card, std::int64_t step, std::size_t index, double t0_s, double t1_s) {
   std::lock_guard g(mu_);
-  spans_.push_back({card, step, index, {}, t0_s, t1_s, true});
+  spans_.push_back({card, step, index, {}, {}, t0_s, t1_s, true});
 }
 
 void Diagnosis::transfer(const engine::TransferRecord& t) {
@@ -75,14 +77,17 @@ void Diagnosis::transfer(const engine::TransferRecord& t) {
 
 // Note [Bandwidth diagnosis]
 // A transfer is charged to the op that was waiting or running when it ended
-// (the op that needed it, or the one whose time it overlapped); an op's name
-// collects its charges over all steps. A step runs from its first stall or
-// op to its last op's end; its transfer time is the union of transfer spans
-// inside it (overlapping transfers count once), of which the part under an
-// op's compute was hidden, and its stalls are the exposed time. The first
-// step is left out: it fetches everything cold.
-DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& limit_bps,
-                                  int card) const {
+// (the op that needed it, or the one whose time it overlapped); an op family
+// (its name with layer numbers folded) collects its charges over the steps.
+// A step runs from its first stall or op to its last op's end; its transfer
+// time is the union of transfer spans inside it (overlapping transfers count
+// once), of which the part under an op's compute was hidden, and its stalls
+// are the exposed time. The first step is left out of everything per op and
+// per step: it fetches everything cold, so counting it blames the ops of the
+// first layers for a one-off (a run of one step keeps it, and says so). The
+// links' totals cover the whole run: they are what the links carried.
+DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& limit_bps, int card,
+                                  const Roofline& roofline, std::string_view profile) const {
   std::lock_guard g(mu_);
   DiagnosisReport r;
   double t0 = std::numeric_limits<double>::infinity(), t1 = -t0;
@@ -102,6 +107,15 @@ DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& l
     }
   if (t1 <= t0) return r;
   r.span_s = t1 - t0;
+  std::int64_t first_step = std::numeric_limits<std::int64_t>::max();
+  bool several = false;
+  for (const Span* s : spans) {
+    several = several ||
+              (first_step != std::numeric_limits<std::int64_t>::max() && s->step != first_step);
+    first_step = std::min(first_step, s->step);
+  }
+  r.cold_step_included = !several;
+  auto steady = [&](std::int64_t step) { return !several || step != first_step; };
   std::array<Intervals, engine::kNumLinks> per_link;
   Intervals all;
   for (const auto* t : tr) {
@@ -126,7 +140,7 @@ DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& l
     if (!s->stall) name_of[key] = s->name;
   }
   for (const Span* s : spans)
-    if (s->stall && name_of.count({s->step, s->index})) {
+    if (s->stall && steady(s->step) && name_of.count({s->step, s->index})) {
       OpLoad& o = load[name_of[{s->step, s->index}]];
       o.stall_s += s->t1 - s->t0;
     }
@@ -138,7 +152,8 @@ DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& l
     auto it = std::lower_bound(by_end.begin(), by_end.end(),
                                std::make_pair(t->end_s, std::make_pair(std::int64_t{-1}, std::size_t{0})),
                                [](const auto& a, const auto& b) { return a.first < b.first; });
-    if (it == by_end.end() || window[it->second].first > t->end_s || !name_of.count(it->second))
+    if (it == by_end.end() || window[it->second].first > t->end_s || !steady(it->second.first) ||
+        !name_of.count(it->second))
       continue;
     load[name_of[it->second]].bytes += t->bytes;
   }
@@ -149,6 +164,25 @@ DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& l
   }
   r.top_by_bytes = top10(loads, true);
   r.top_by_stall = top10(loads, false);
+  // What bounds each steady-state op run on the roofline.
+  r.bound.known = static_cast<bool>(roofline);
+  r.bound.profile = std::string(profile);
+  if (roofline)
+    for (const Span* s : spans) {
+      if (s->stall || !steady(s->step)) continue;
+      const double dt = s->t1 - s->t0;
+      if (!(s->work.flops > 0) && !(s->work.bytes > 0)) {
+        ++r.bound.ops_unknown;
+        r.bound.unknown_s += dt;
+      } else if (const RooflineTime rt = roofline(s->work.flops, s->work.bytes);
+                 rt.memory_s > rt.compute_s) {
+        ++r.bound.ops_hbm;
+        r.bound.hbm_s += dt;
+      } else {
+        ++r.bound.ops_compute;
+        r.bound.compute_s += dt;
+      }
+    }
   // Steady-state steps.
   std::map<std::int64_t, std::pair<double, double>> step_win;
   std::map<std::int64_t, Intervals> compute;
@@ -198,11 +232,29 @@ nlohmann::json Diagnosis::to_json(const DiagnosisReport& r) {
                      {"transfer_s", s.transfer_s},
                      {"hidden_s", s.hidden_s},
                      {"exposed_s", s.exposed_s}});
+  nlohmann::json bound = nullptr;
+  if (r.bound.known) {
+    const BoundShare& b = r.bound;
+    const double ops = double(b.ops_hbm + b.ops_compute + b.ops_unknown);
+    const double time = b.hbm_s + b.compute_s + b.unknown_s;
+    auto share = [](double x, double of) { return of > 0 ? x / of : 0.0; };
+    bound = {
+        {"profile", b.profile},
+        {"ops",
+         {{"hbm_bound", b.ops_hbm}, {"compute_bound", b.ops_compute}, {"unknown", b.ops_unknown}}},
+        {"time_s",
+         {{"hbm_bound", b.hbm_s}, {"compute_bound", b.compute_s}, {"unknown", b.unknown_s}}},
+        {"hbm_bound_share_of_ops", share(double(b.ops_hbm), ops)},
+        {"hbm_bound_share_of_time", share(b.hbm_s, time)},
+        {"compute_bound_share_of_time", share(b.compute_s, time)}};
+  }
   return {{"span_s", r.span_s},
           {"links", links},
           {"top_ops_by_bytes", ops(r.top_by_bytes)},
           {"top_ops_by_stall", ops(r.top_by_stall)},
-          {"steady_steps", steps}};
+          {"cold_step_included", r.cold_step_included},
+          {"steady_steps", steps},
+          {"roofline", bound}};
 }
 
 std::string Diagnosis::to_text(const DiagnosisReport& r, std::string_view where) {
@@ -216,8 +268,9 @@ std::string Diagnosis::to_text(const DiagnosisReport& r, std::string_view where)
                        u.utilisation > 0 ? fmt::format("{:.1f}%", 100 * u.utilisation)
                                          : std::string("no limit"));
   }
-  auto top = [&out](const char* title, const std::vector<OpLoad>& v) {
-    out += fmt::format("  top ops by {}:\n", title);
+  auto top = [&](const char* title, const std::vector<OpLoad>& v) {
+    out += fmt::format("  top op families by {} ({}):\n", title,
+                       r.cold_step_included ? "the only step, cold" : "steady-state steps");
     for (const OpLoad& o : v)
       out += fmt::format("    {:<40} {:>12} bytes {:>9.4f} s stalled\n", o.name, o.bytes, o.stall_s);
   };
@@ -228,6 +281,21 @@ std::string Diagnosis::to_text(const DiagnosisReport& r, std::string_view where)
     out += fmt::format("    step {}: transfers {:.4f} s, hidden {:.4f} s, exposed (stalls) {:.4f} s\n",
                        s.step, s.transfer_s, s.hidden_s, s.exposed_s);
   if (r.steps.empty()) out += "    none: the run has one step\n";
+  const BoundShare& b = r.bound;
+  if (b.known) {
+    const double ops = double(b.ops_hbm + b.ops_compute + b.ops_unknown);
+    const double time = b.hbm_s + b.compute_s + b.unknown_s;
+    auto pct = [](double x, double of) { return of > 0 ? 100 * x / of : 0.0; };
+    out += fmt::format(
+        "  roofline of profile {} (steady-state op runs): HBM-bound {} ops ({:.1f}%), {:.1f}% of "
+        "op time; compute-bound {} ops ({:.1f}%), {:.1f}% of op time; no flops or bytes known "
+        "{} ops, {:.1f}% of op time\n",
+        b.profile, b.ops_hbm, pct(double(b.ops_hbm), ops), pct(b.hbm_s, time), b.ops_compute,
+        pct(double(b.ops_compute), ops), pct(b.compute_s, time), b.ops_unknown,
+        pct(b.unknown_s, time));
+  } else {
+    out += "  roofline: no hardware profile given (run replay: --profile)\n";
+  }
   return out;
 }
 

@@ -267,7 +267,7 @@ void Metrics::set_kv(int card, const KvSample& kv) {
   impl_->cards[card].kv = kv;
 }
 
-void Metrics::op(int card, std::int64_t, std::size_t, std::string_view, double t0_s,
+void Metrics::op(int card, std::int64_t, std::size_t, std::string_view, engine::OpWork, double t0_s,
                  double t1_s) {
   std::lock_guard g(impl_->mu);
   Impl::Card& c = impl_->cards[card];

@@ -59,7 +59,7 @@ std::string us(std::int64_t ns) {
 }  // namespace
 
 void Timeline::op(int card, std::int64_t step, std::size_t index, std::string_view name,
-                  double t0_s, double t1_s) {
+                  engine::OpWork, double t0_s, double t1_s) {
   std::lock_guard g(mu_);
   auto [it, fresh] = name_ids_.try_emplace(std::string(name), names_.size());
   if (fresh) names_.emplace_back(name);

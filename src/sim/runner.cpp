@@ -7,7 +7,6 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -40,46 +39,17 @@ OpTimeFn compute_model(const SimOptions& o) {
               "no compute model: give op_time, a hardware profile, or flop_rate / mem_bandwidth");
 }
 
-// "layer_12.attn.q_proj" -> "layer_*.attn.q_proj": one family per op kind.
-// Built in `key` (reused: op names outgrow the small-string buffer).
-void family_key(const std::string& name, std::string& key) {
-  auto digit = [&name](std::size_t i) {
-    return std::isdigit(static_cast<unsigned char>(name[i])) != 0;
-  };
-  key.clear();
-  std::size_t from = 0;  // start of the run not copied yet
-  for (std::size_t i = 0; i + 1 < name.size(); ++i) {
-    if (name[i] != '_' || !digit(i + 1)) continue;
-    key.append(name, from, i + 1 - from);
-    key += '*';
-    std::size_t j = i + 1;
-    while (j < name.size() && digit(j)) ++j;
-    from = j;
-    i = j - 1;
-  }
-  key.append(name, from);
-}
-
 }  // namespace
 
 TraceTables::TraceTables(const trace::Trace& trace, const std::vector<Step>& steps)
     : footprint(engine::trace_footprint(trace)),
       bytes(trace.tensors.size()),
       need(steps.size()),
-      family_of_op(trace.ops.size()),
       trace_(&trace),
       steps_(&steps) {
   for (std::size_t t = 0; t < trace.tensors.size(); ++t) bytes[t] = trace.tensors[t].bytes;
   for (std::size_t j = 0; j < steps.size(); ++j) {
     for (const Touch& t : steps[j].touches) need[j] += bytes[t.tensor];
-  }
-  std::unordered_map<std::string, std::uint32_t> index;
-  std::string key;
-  for (std::size_t o = 0; o < trace.ops.size(); ++o) {
-    family_key(trace.ops[o].name, key);
-    auto [it, inserted] = index.try_emplace(key, static_cast<std::uint32_t>(index.size()));
-    if (inserted) families.push_back(it->first);
-    family_of_op[o] = it->second;
   }
 }
 
@@ -172,7 +142,6 @@ struct Card {
         stack(stack_spec(budgets(spec, tables)), vt, ssd, options.links.ssd_shared),
         transport(stack.transport),
         eng(stack.engine),
-        families(tables.families.size()),
         driver(spec.trace, spec.steps, eng, vt, policy_of(spec), driver_options(label, barriers)),
         waiter(driver, eng, transport, vt) {
     eng.set_victim_order(policy_of(spec).victim_order());
@@ -189,27 +158,7 @@ struct Card {
     d.op_time = compute_model(options);
     d.tensor_bytes = &tables.bytes;
     d.step_bytes = &tables.need;
-    d.step_done = [this](const drive::StepRecord& r) {
-      OpFamilyReport& f = families[this->tables.family_of_op[r.op]];
-      ++f.steps;
-      f.stall_ns += r.stall_ns;
-      f.compute_ns += r.compute_ns;
-      f.missed_bytes += r.missed_bytes;
-    };
     return d;
-  }
-
-  std::vector<OpFamilyReport> op_families() const {
-    std::vector<OpFamilyReport> out;
-    for (std::size_t f = 0; f < families.size(); ++f) {
-      if (families[f].steps == 0) continue;  // no step of it ran (created ones do not count)
-      out.push_back(families[f]);
-      out.back().name = tables.families[f];
-    }
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-      return a.missed_bytes != b.missed_bytes ? a.missed_bytes > b.missed_bytes : a.name < b.name;
-    });
-    return out;
   }
 
   // Fills the report's budgets; the pool's capacity follows the device budget.
@@ -261,7 +210,6 @@ struct Card {
     rep.peak_host = rep.engine.peak[static_cast<int>(Tier::host)];
     rep.peak_ssd = transport.ssd_peak();
     rep.events = vt.events_run();
-    rep.op_families = op_families();
   }
 
   // The card's policy: the spec's, or the lookahead policy (made once).
@@ -280,7 +228,6 @@ struct Card {
   SimStack stack;
   SimTransport& transport;
   engine::Engine& eng;
-  std::vector<OpFamilyReport> families;  // by TraceTables family; names filled by op_families()
   StepDriver driver;
   VirtualWaiter waiter;
 };

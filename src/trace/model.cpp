@@ -1,6 +1,7 @@
 #include "u3m/trace/model.hpp"
 
 #include <array>
+#include <cctype>
 
 #include <xxhash.h>
 
@@ -89,6 +90,24 @@ std::uint32_t dtype_bytes(DType v) {
     case DType::other: return 0;
   }
   return 0;
+}
+
+void op_family(std::string_view name, std::string& key) {
+  auto digit = [&name](std::size_t i) {
+    return std::isdigit(static_cast<unsigned char>(name[i])) != 0;
+  };
+  key.clear();
+  std::size_t from = 0;  // start of the run not copied yet
+  for (std::size_t i = 0; i + 1 < name.size(); ++i) {
+    if (name[i] != '_' || !digit(i + 1)) continue;
+    key.append(name, from, i + 1 - from);
+    key += '*';
+    std::size_t j = i + 1;
+    while (j < name.size() && digit(j)) ++j;
+    from = j;
+    i = j - 1;
+  }
+  key.append(name, from);
 }
 
 }  // namespace u3m::trace

@@ -46,8 +46,8 @@ policy::U3mPolicyOptions clock_free() {
 // step end, and whether every stall ended no earlier than it began.
 class OpRecorder final : public engine::RunObserver {
  public:
-  void op(int card, std::int64_t, std::size_t index, std::string_view name, double t0,
-          double t1) override {
+  void op(int card, std::int64_t, std::size_t index, std::string_view name, engine::OpWork,
+          double t0, double t1) override {
     std::lock_guard g(mu_);
     ops.push_back(fmt::format("{} {} {}", card, index, name));
     ordered = ordered && t0 <= t1;

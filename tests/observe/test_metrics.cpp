@@ -95,9 +95,9 @@ TEST(Metrics, ScrapedOverHttpWhileAnEngineMovesDataNamesPresentValuesMove) {
 
 TEST(Metrics, DriverEventsAndKvAreCountedUnderVllmNames) {
   Metrics m;
-  m.op(1, 0, 0, "matmul", 1.0, 1.5);
+  m.op(1, 0, 0, "matmul", {}, 1.0, 1.5);
   m.stall(1, 0, 1, 1.5, 1.75);
-  m.op(1, 0, 1, "matmul", 1.75, 2.0);
+  m.op(1, 0, 1, "matmul", {}, 1.75, 2.0);
   m.step_end(1, 0, 2.0);
   m.set_kv(1, {.query_tokens = 300, .hit_tokens = 120, .usage = 0.25});
   const auto v = parse(m.text());

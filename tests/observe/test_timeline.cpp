@@ -53,8 +53,8 @@ TEST(Timeline, WritesValidTraceEventsWithLanesForOverlappingTransfers) {
   Timeline tl;
   const double t0 = 5000.0;  // a steady clock's epoch is far from 0: rebased
   tl.stall(0, 0, 0, t0, t0 + 0.001);
-  tl.op(0, 0, 0, "attn \"q\"\\k", t0 + 0.001, t0 + 0.003);  // escaped in JSON
-  tl.op(0, 0, 1, "mlp", t0 + 0.003, t0 + 0.004);
+  tl.op(0, 0, 0, "attn \"q\"\\k", {}, t0 + 0.001, t0 + 0.003);  // escaped in JSON
+  tl.op(0, 0, 1, "mlp", {}, t0 + 0.003, t0 + 0.004);
   tl.step_end(0, 0, t0 + 0.004);
   // Three h2d transfers, two overlapping: two lanes.
   tl.transfer({.card = 0, .link = Link::h2d, .priority = 0, .bytes = 4096, .start_s = t0, .end_s = t0 + 0.002});

@@ -204,22 +204,6 @@ TEST(SimRunner, PrebuiltStepsGiveTheSameRun) {
   for (int l = 0; l < kNumLinks; ++l) EXPECT_EQ(a.links[l].bytes, b.links[l].bytes);
 }
 
-// Layer numbers after an underscore fold into one family per op kind.
-TEST(SimRunner, OpFamiliesFoldLayerNumbers) {
-  Builder b;
-  auto x = b.tensor("x", 1 * MB);
-  for (const char* name : {"layer_12.attn_out", "layer_3.attn_out", "head", "x_", "l_7"})
-    b.op(name, {{x, EventKind::write}});
-  const SimReport r = simulate_trace(b.t, options(16 * MB, 1e-3));
-  ASSERT_TRUE(r.ok()) << r.first_error;
-  std::vector<std::pair<std::string, std::uint64_t>> got;
-  for (const OpFamilyReport& f : r.op_families) got.emplace_back(f.name, f.steps);
-  // Nothing missed: sorted by name.
-  const std::vector<std::pair<std::string, std::uint64_t>> want = {
-      {"head", 1}, {"l_*", 1}, {"layer_*.attn_out", 2}, {"x_", 1}};
-  EXPECT_EQ(got, want);
-}
-
 TEST(SimRunner, ThreeTiersSpillToTheSsd) {
   const trace::Trace t = layers(8, 1 * MB, 2);
   const SimOptions o = spilling_options();

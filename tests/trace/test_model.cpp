@@ -13,6 +13,18 @@ TEST(StableId, IsXxh64OfTheName) {
   EXPECT_NE(stable_id("layer_12.attn.q_proj.out"), stable_id("layer_13.attn.q_proj.out"));
 }
 
+// Layer numbers after an underscore fold into one family per op kind; other
+// digits and a trailing underscore stay.
+TEST(OpFamily, FoldsLayerNumbers) {
+  EXPECT_EQ(op_family("layer_12.attn_out"), "layer_*.attn_out");
+  EXPECT_EQ(op_family("layer_3.attn_out"), "layer_*.attn_out");
+  EXPECT_EQ(op_family("blk_1.mlp_20.fc2"), "blk_*.mlp_*.fc2");
+  EXPECT_EQ(op_family("head"), "head");
+  EXPECT_EQ(op_family("x_"), "x_");
+  EXPECT_EQ(op_family("l_7"), "l_*");
+  EXPECT_EQ(op_family("fc2"), "fc2");
+}
+
 TEST(Enums, RoundTripThroughNames) {
   for (int i = 0; i < 12; ++i) {
     auto d = static_cast<DType>(i);

@@ -29,13 +29,21 @@ struct TransferRecord {
   bool ok = true;
 };
 
+// What an op computes, as the trace records it (0 = unknown), so an observer
+// can place it on a roofline (observe::Diagnosis's HBM-bound share).
+struct OpWork {
+  double flops = 0;
+  double bytes = 0;  // bytes it reads and writes in device memory
+};
+
 class RunObserver {
  public:
   virtual ~RunObserver() = default;
-  // Op `index` of `step` ran on the compute track of `card` from t0 to t1,
+  // Op `index` (its index in the trace's ops; a serving run numbers its
+  // iterations) of `step` ran on the compute track of `card` from t0 to t1,
   // after its operands were in place.
   virtual void op(int /*card*/, std::int64_t /*step*/, std::size_t /*index*/,
-                  std::string_view /*name*/, double /*t0_s*/, double /*t1_s*/) {}
+                  std::string_view /*name*/, OpWork /*work*/, double /*t0_s*/, double /*t1_s*/) {}
   // Op `index` waited for its operands from t0 to t1.
   virtual void stall(int /*card*/, std::int64_t /*step*/, std::size_t /*index*/,
                      double /*t0_s*/, double /*t1_s*/) {}

@@ -13,9 +13,9 @@ class Fanout final : public engine::RunObserver {
   void add(engine::RunObserver* o) { to_.push_back(o); }  // before the run starts
   bool empty() const { return to_.empty(); }
 
-  void op(int card, std::int64_t step, std::size_t index, std::string_view name, double t0_s,
-          double t1_s) override {
-    for (auto* o : to_) o->op(card, step, index, name, t0_s, t1_s);
+  void op(int card, std::int64_t step, std::size_t index, std::string_view name,
+          engine::OpWork work, double t0_s, double t1_s) override {
+    for (auto* o : to_) o->op(card, step, index, name, work, t0_s, t1_s);
   }
   void stall(int card, std::int64_t step, std::size_t index, double t0_s, double t1_s) override {
     for (auto* o : to_) o->stall(card, step, index, t0_s, t1_s);

@@ -42,8 +42,8 @@ class Metrics final : public engine::RunObserver {
 
   void set_kv(int card, const KvSample& kv);
 
-  void op(int card, std::int64_t step, std::size_t index, std::string_view name, double t0_s,
-          double t1_s) override;
+  void op(int card, std::int64_t step, std::size_t index, std::string_view name,
+          engine::OpWork work, double t0_s, double t1_s) override;
   void stall(int card, std::int64_t step, std::size_t index, double t0_s, double t1_s) override;
   void step_end(int card, std::int64_t step, double t_s) override;
   void attached(int card, const engine::Engine& e) override;

@@ -25,8 +25,8 @@ class Timeline final : public engine::RunObserver {
   // resolution keeps the file small and loses no step-scale shape).
   static constexpr double kOccupancyResolutionS = 1e-6;
 
-  void op(int card, std::int64_t step, std::size_t index, std::string_view name, double t0_s,
-          double t1_s) override;
+  void op(int card, std::int64_t step, std::size_t index, std::string_view name,
+          engine::OpWork work, double t0_s, double t1_s) override;
   void stall(int card, std::int64_t step, std::size_t index, double t0_s, double t1_s) override;
   void step_end(int card, std::int64_t step, double t_s) override;
   void transfer(const engine::TransferRecord& t) override;

@@ -81,15 +81,6 @@ struct SimLinkReport {
   std::uint64_t queue_ns = 0;  // transfers waited for the link
 };
 
-// Where the time went, per op family (op names with layer numbers folded:
-// "layer_12.attn.q_proj" -> "layer_*.attn.q_proj").
-struct OpFamilyReport {
-  std::string name;
-  std::uint64_t steps = 0;
-  std::uint64_t compute_ns = 0, stall_ns = 0;
-  std::uint64_t missed_bytes = 0;  // bytes it needed that were not in its tier when it asked
-};
-
 struct SimReport {
   std::uint64_t steps = 0, tensors = 0;
   std::uint64_t footprint = 0;  // engine::trace_footprint: the device an untiered run needs
@@ -113,7 +104,6 @@ struct SimReport {
   // Virtual time at which each iteration of job 0 finished its last op
   // (index = trace::Op::iteration), so a caller can take the steady-state step.
   std::vector<std::uint64_t> iteration_end_ns;
-  std::vector<OpFamilyReport> op_families;  // sorted by missed bytes, most first
 
   // 1 - T_infinite / T: the share of throughput lost to tiering, where
   // T_infinite is the compute time alone.
@@ -130,7 +120,7 @@ struct SimReport {
 // What every step reads of the trace, derived once per trace and shared by
 // the cards that run it (a training run's cards mostly run one trace): each
 // tensor's size in a flat array (a trace::Tensor is a cache line of its
-// own), each step's device bytes, each op's family, and the footprint. Only
+// own), each step's device bytes and the footprint. Only
 // the figures the runner reads move here; no decision changes. A caller that
 // simulates one trace several times (train's two optimizer placements)
 // builds them once and passes them in CardSpec::tables.
@@ -144,8 +134,6 @@ struct TraceTables {
   std::uint64_t footprint;                  // engine::trace_footprint
   std::vector<std::uint64_t> bytes;         // by tensor
   std::vector<std::uint64_t> need;          // by step: the bytes of its touches
-  std::vector<std::uint32_t> family_of_op;  // by op: index into families
-  std::vector<std::string> families;        // folded op names
 
  private:
   const trace::Trace* trace_;

@@ -140,4 +140,14 @@ std::optional<EventKind> parse_event_kind(std::string_view s);
 
 std::uint32_t dtype_bytes(DType v);  // 0 for DType::other
 
+// An op's family: its name with layer numbers folded ("layer_12.attn.q_proj"
+// -> "layer_*.attn.q_proj"), so reports group one op kind over the layers.
+// Built in `key` (reused: op names outgrow the small-string buffer).
+void op_family(std::string_view name, std::string& key);
+inline std::string op_family(std::string_view name) {
+  std::string key;
+  op_family(name, key);
+  return key;
+}
+
 }  // namespace u3m::trace
