@@ -11,6 +11,7 @@
 
 #include "cli_util.hpp"
 #include "commands.hpp"
+#include "run_watch.hpp"
 #include "u3m/config/run_config.hpp"
 #include "u3m/experiments/serve.hpp"
 #include "u3m/experiments/serve_json.hpp"
@@ -28,6 +29,7 @@ struct ServeArgs {
   experiments::ServeScenario knobs;  // the remaining scenario fields, with their defaults
   bool json = false;
   std::string config;          // --config FILE
+  std::string timeline;        // serve sim --timeline OUT.json ("" = none)
   nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
 
@@ -36,6 +38,9 @@ struct ServeArgs {
 void apply_config(ServeArgs& a, const CLI::App* cmd) {
   config::Binder b = config_binder(a.config, cmd);
   b.bind(U3M_CONFIG_FIELD(hw), "--hw", a.hw);
+  b.bind(
+      U3M_CONFIG_FIELD(ssd.endurance_dwpd), "--ssd-dwpd", a.knobs.ssd_rated_dwpd,
+      [](double v) { return v; }, [](double v) { return v > 0 ? std::optional(v) : std::nullopt; });
   if (cmd->get_name() == "sim") b.bind(U3M_CONFIG_FIELD(kv.policy), "--kv-policy", a.policy);
   a.config_used = b.effective();
 }
@@ -110,6 +115,12 @@ void print_detail(const experiments::ServeResult& r) {
       gb(double(r.links[3].bytes)), r.kv_wait_s, r.busy_s, r.kv.hit_blocks_by_tier[0],
       r.kv.hit_blocks_by_tier[1], r.kv.hit_blocks_by_tier[2], 100 * r.recomputed_share,
       r.kv.promoted_host_slots, r.kv.promoted_slots, gb(double(r.spilled_bytes)), r.alerts);
+  const auto& w = r.ssd_wear;
+  fmt::print(
+      "      SSD wear: {} written, {:.2f} drive writes per day at this pace ({}the drives' "
+      "rating of {:.2g})\n",
+      gb(double(w.bytes_written)), w.drive_writes_per_day,
+      w.drive_writes_per_day > w.rated_dwpd ? "OVER " : "within ", w.rated_dwpd);
 }
 
 bool tty(const ServeArgs& a) {
@@ -117,10 +128,15 @@ bool tty(const ServeArgs& a) {
 }
 
 void run_sim(const ServeArgs& a) {
-  const experiments::ServeScenario s = scenario(a);
+  experiments::ServeScenario s = scenario(a);
+  RunWatch watch(a.timeline, false);
+  s.observer = watch.observer();
   if (tty(a)) fmt::print(stderr, "  simulating {} requests...", s.requests.size());
   const experiments::ServeResult r = experiments::simulate_serving(s);
   if (tty(a)) fmt::print(stderr, "\r\033[K");
+  watch.finish(
+      fmt::format("virtual time, simulated with profile {}, model {}", s.hw.name, s.shape.name),
+      {});
   if (a.json) {
     nlohmann::json j = experiments::serve_sim_json(s, r);
     j["config"] = a.config_used;
@@ -214,6 +230,9 @@ void add_common(CLI::App* c, ServeArgs& a) {
               "Replay equal timestamps as one burst (default: spread them over the gap to the "
               "next timestamp, undoing coarse trace clocks such as Mooncake's 3 s steps)");
   c->add_flag("--json", a.json, "One JSON object with the scenario, the profile and the version");
+  c->add_option("--ssd-dwpd", a.knobs.ssd_rated_dwpd,
+                "The SSDs' rated drive writes per day, against which the run's SSD wear is "
+                "reported (0: the profile's endurance / capacity / warranty)");
 }
 
 }  // namespace
@@ -235,6 +254,10 @@ void add_serve_commands(CLI::App& app) {
   sim->add_option("--rate-scale", a->rate_scale,
                   "Divide arrival times by this (2 = twice the request rate)")
       ->capture_default_str();
+  sim->add_option("--timeline", a->timeline,
+                  "Write the run's timeline as Chrome trace / Perfetto JSON: each iteration on "
+                  "the group's compute track, waits for KV as stalls, KV transfers per link, "
+                  "tier use (docs/operators.md)");
   sim->callback([a, sim] {
     apply_config(*a, sim);
     run_sim(*a);

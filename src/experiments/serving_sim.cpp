@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "u3m/engine/run_observer.hpp"
 #include "u3m/kv/recompute.hpp"
 #include "u3m/sim/cost.hpp"
 #include "u3m/util/error.hpp"
@@ -205,6 +206,7 @@ ServingSim::ServingSim(const ServeScenario& s, std::uint64_t stop_after)
   bm().on_alert([this](const kv::KvAlert& a) {
     if (a.emergency && res_.first_alert_s < 0) res_.first_alert_s = now_;
   });
+  if (s_.observer) stack_->engine.set_observer(s_.observer, 0);
 }
 
 ServingSim::~ServingSim() {
@@ -232,7 +234,7 @@ kv::KvConfig ServingSim::make_config() {
   if (pol_.dram)
     c.capacity_slots[1] =
         static_cast<std::uint64_t>(n * s_.hw.host.dram_capacity.si * s_.dram_kv_fraction / slot);
-  if (pol_.ssd) c.capacity_slots[2] = static_cast<std::uint64_t>(n * s_.ssd_bytes_per_card / slot);
+  if (pol_.ssd) c.capacity_slots[2] = static_cast<std::uint64_t>(n * s_.ssd_bytes() / slot);
   c.home = pol_.design_homes ? kv::KvConfig::default_homes(geo_)
                              : std::vector<Tier>(geo_.groups(), Tier::device);
   c.overcommit = pol_.overcommit;
@@ -479,6 +481,8 @@ ServeResult ServingSim::run() {
           throw std::logic_error("serve: requests wait but nothing can run");
         break;
       }
+      if (waiting && s_.observer && t > now_)  // the next iteration waits for KV blocks
+        s_.observer->stall(0, res_.iterations, res_.iterations, now_, t);
       now_ = std::max(now_, t);
       advance(now_);
       continue;
@@ -492,6 +496,19 @@ ServeResult ServingSim::run() {
       const std::uint64_t fetched =
           stack_->transport.book(Link::h2d, static_cast<std::uint64_t>(w.host_kv_bytes));
       end = std::max(end, double(fetched) / 1e9 + compute / geo_.groups());
+    }
+    if (s_.observer) {  // the iteration as one op of the group, its KV streaming as a stall
+      bool prefill = false, decode = false;
+      for (const auto& [i, take] : batch) (take ? prefill : decode) = true;
+      const double n = s_.cards;
+      const engine::OpWork work{w.flops / n, (weight_bytes(s_.shape) + w.hbm_bytes) / n};
+      s_.observer->op(0, res_.iterations, res_.iterations,
+                      prefill && decode ? "prefill+decode"
+                      : prefill         ? "prefill"
+                                        : "decode",
+                      work, now_, now_ + compute);
+      if (end > now_ + compute)
+        s_.observer->stall(0, res_.iterations, res_.iterations, now_ + compute, end);
     }
     res_.busy_s += end - now_;
     res_.kv_wait_s += std::max(0.0, end - now_ - compute);
@@ -581,7 +598,9 @@ ServeResult ServingSim::run() {
 namespace u3m::experiments {
 
 ServeResult simulate_serving(const ServeScenario& s, std::uint64_t stop_after_misses) {
-  return serve::ServingSim(s, stop_after_misses).run();
+  ServeResult r = serve::ServingSim(s, stop_after_misses).run();
+  account_ssd_wear(s, r);
+  return r;
 }
 
 }  // namespace u3m::experiments

@@ -116,21 +116,61 @@ TEST_F(ObserveCli, TrainSimTimelinePassesTheTraceEventSchemaCheck) {
   EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("simulated"), std::string::npos);
 }
 
+// The serving simulator's timeline: iterations on the group's compute track,
+// waits for KV blocks as stalls, the store's transfers and tier use, on
+// virtual time. One 13B card cannot hold the sample's KV in HBM, so blocks
+// move to the SSD and back.
+TEST_F(ObserveCli, ServeSimTimelinePassesTheTraceEventSchemaCheck) {
+  const std::string out = dir_.file("serve-timeline.json");
+  auto r =
+      run_cli(std::string("serve sim --model llama2-13b --cards 1 --kv-policy u3m --requests ") +
+              U3M_SOURCE_DIR "/data/requests/samples/mooncake_conversation_head20.jsonl" +
+              " --timeline " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json doc = checked_timeline(out, {"op", "stall", "transfer", "occupancy"});
+  EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("simulated"), std::string::npos);
+  // --timeline is serve sim's: the capacity search runs many simulations.
+  r = run_cli("serve capacity --requests rag:requests=5 --timeline " + out);
+  EXPECT_EQ(r.status, 2) << r.output;
+}
+
 // --diagnose on a real replay and a simulated run: bytes per link, the top
-// ops, and the steady-state steps (the cold first one left out).
+// ops, the steady-state steps (the cold first one left out) and the ops'
+// roofline bound on the profile. The replay at half the footprint fetches in
+// every step; the tiny model's simulated run fits after its cold step, so its
+// steady steps charge no bytes to any op.
 TEST_F(ObserveCli, DiagnosisOfARealAndASimulatedRun) {
-  for (const std::string cmd : {"run replay " + trace_ + " --device-fraction 0.5 --h2d-gbps 1",
-                                std::string("train sim --model tiny --cards 1")}) {
+  for (const std::string cmd :
+       {"run replay " + trace_ + " --device-fraction 0.5 --h2d-gbps 1 --hw ascend-910b-32g",
+        std::string("train sim --model tiny --cards 1")}) {
     SCOPED_TRACE(cmd);
+    const bool replay = cmd.starts_with("run replay");
     auto r = run_cli(cmd + " --diagnose --json");
     ASSERT_EQ(r.status, 0) << r.output;
     const nlohmann::json d = nlohmann::json::parse(r.output)["diagnosis"];
     EXPECT_GT(d["links"]["h2d"]["bytes"].get<std::uint64_t>(), 0u);
     EXPECT_GT(d["links"]["h2d"]["utilisation"].get<double>(), 0.0);
-    EXPECT_FALSE(d["top_ops_by_bytes"].empty());
+    EXPECT_EQ(d["top_ops_by_bytes"].empty(), !replay);
+    EXPECT_FALSE(d["cold_step_included"].get<bool>());
     ASSERT_FALSE(d["steady_steps"].empty());
     EXPECT_GE(d["steady_steps"][0]["step"].get<int>(), 1);  // step 0, the cold one, left out
+    ASSERT_TRUE(d["roofline"].is_object());
+    EXPECT_EQ(d["roofline"]["profile"], "ascend-910b-32g");
+    const auto& ops = d["roofline"]["ops"];
+    EXPECT_GT(ops["hbm_bound"].get<std::uint64_t>() + ops["compute_bound"].get<std::uint64_t>(),
+              0u);
   }
+  // Without a profile a replay's diagnosis says it has no roofline.
+  auto r = run_cli("run replay " + trace_ + " --device-fraction 0.5 --diagnose --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(nlohmann::json::parse(r.output)["diagnosis"]["roofline"].is_null());
+  // --hw is for --diagnose; an unknown profile names the flag's value.
+  r = run_cli("run replay " + trace_ + " --hw ascend-910b-32g");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--hw"), std::string::npos) << r.output;
+  r = run_cli("run replay " + trace_ + " --diagnose --hw no-such-card");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("no-such-card"), std::string::npos) << r.output;
 }
 
 TEST_F(ObserveCli, BadFlagsNameThemselvesAndExit2) {

@@ -17,6 +17,10 @@
 #include "u3m/workload/request_trace.hpp"
 #include "u3m/workload/shape.hpp"
 
+namespace u3m::engine {
+class RunObserver;
+}
+
 namespace u3m::experiments {
 
 // hbm-only, u3m, u3m-tiered, u3m-dram, u3m-design, u3m-pgdsf (docs/serving.md "Policies").
@@ -55,12 +59,21 @@ struct ServeScenario {
   std::uint32_t max_running = 256;        // sequences in one batch at most
   double hbm_utilization = 0.9;           // share of HBM for weights + KV (vLLM's default)
   double dram_kv_fraction = 0.75;         // share of host DRAM given to KV
-  double ssd_bytes_per_card = 3.84e12;    // assumption: one 3.84 TB data drive per card
+  double ssd_bytes_per_card = 0;          // 0: the profile's drives (ssd_bytes())
+  double ssd_rated_dwpd = 0;              // 0: the profile's rating (rated_dwpd())
   double spill_rate = 1e9;                // bytes/s of the emergency spill to SSD
   double meet_fraction = 0.9;             // "meets the SLOs": this share of requests meets both
   bool spread_ties = true;                // Note [Coarse timestamps]
+  // Watches the run (serve sim --timeline), on virtual time: each iteration
+  // as an op of the group (card 0), waits for KV as stalls, and the store's
+  // transfers and tier use through its engine. Must outlive the run.
+  engine::RunObserver* observer = nullptr;
   void validate() const;                  // throws InputError naming the flag
   ServeSlo effective_slo() const;         // slo, with 0 fields from default_slo()
+  // SSD bytes per card: ssd_bytes_per_card, or the profile's drive capacity x
+  // drives per node / cards per node.
+  double ssd_bytes() const;
+  double rated_dwpd() const;  // ssd_rated_dwpd, or the profile's ssd.rated_dwpd()
 };
 
 // Note [Default SLOs] in serve.cpp.
@@ -119,8 +132,17 @@ struct ServeResult {
   std::uint64_t spilled_bytes = 0, alerts = 0;
   double first_alert_s = -1;
   kv::KvStats kv;
+  // SSD wear (Note [SSD wear] in serve.cpp): the bytes the run wrote to the
+  // group's drives, as drive writes per day at the run's pace, against the rating.
+  struct SsdWear {
+    std::uint64_t bytes_written = 0;
+    double drive_writes_per_day = 0, rated_dwpd = 0;
+  } ssd_wear;
   std::vector<ServeRequestResult> per_request;
 };
+
+// Fills r.ssd_wear from r's SSD writes and makespan (Note [SSD wear]).
+void account_ssd_wear(const ServeScenario& s, ServeResult& r);
 
 // serve::ServingSim(s, stop_after_misses).run() (experiments/serving_sim.hpp).
 // `stop_after_misses`: stop once more requests than this missed an SLO (the
