@@ -168,10 +168,11 @@ RunConfig parse_run_config(std::string_view text, std::string_view where) {
   c.device = read_tier(sub(tiers, "device"), true);
   c.host = read_tier(sub(tiers, "host"), false);
   const Table ssd = sub(tiers, "ssd");
-  check(ssd, {"dir", "size", "faults"});
+  check(ssd, {"dir", "size", "faults", "endurance_dwpd"});
   c.ssd.dir = ssd.text("dir");
   c.ssd.size = ssd.bytes("size");
   c.ssd.faults = ssd.text("faults");
+  c.ssd.endurance_dwpd = ssd.number("endurance_dwpd", 0, 1000, true);
   check_name(ssd, "faults", c.ssd.faults,
              [](const std::string& v) { mem::FaultSpec::parse(v, "faults"); });
   if (c.ssd.faults && !c.ssd.faults->empty() && (!c.ssd.dir || c.ssd.dir->empty()))
@@ -249,6 +250,7 @@ nlohmann::json RunConfig::to_json() const {
   put({"tiers", "ssd", "dir"}, ssd.dir);
   put({"tiers", "ssd", "size"}, ssd.size);
   put({"tiers", "ssd", "faults"}, ssd.faults);
+  put({"tiers", "ssd", "endurance_dwpd"}, ssd.endurance_dwpd);
   put({"links", "h2d_gbps"}, links.h2d_gbps);
   put({"links", "d2h_gbps"}, links.d2h_gbps);
   put({"pool", "config"}, pool);

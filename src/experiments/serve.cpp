@@ -98,6 +98,35 @@ ServeSlo ServeScenario::effective_slo() const {
           slo.ttft_prefill_factor >= 0 ? slo.ttft_prefill_factor : d.ttft_prefill_factor};
 }
 
+double ServeScenario::ssd_bytes() const {
+  if (ssd_bytes_per_card > 0) return ssd_bytes_per_card;
+  const double cards_per_node = std::max(hw.node.cards_per_node.si, 1.0);
+  return hw.ssd.capacity.si * hw.ssd.drives_per_node.si / cards_per_node;
+}
+
+double ServeScenario::rated_dwpd() const {
+  return ssd_rated_dwpd > 0 ? ssd_rated_dwpd : hw.ssd.rated_dwpd();
+}
+
+// Note [SSD wear]
+// Every byte the store moves onto the SSD crosses the h2s link (HBM blocks
+// are staged through it too), so the link's bytes are the drives' writes.
+// Drive writes per day = bytes written / (cards x SSD bytes per card)
+// x 86,400 / makespan: the run's write pace held for a day, spread evenly
+// over the group's drives. It is compared with the drive's rating (its
+// endurance / capacity / warranty days, from the profile, or
+// [tiers.ssd] endurance_dwpd); above the rating the drives wear out before
+// their warranty ends. Write amplification inside the drive is not counted.
+void account_ssd_wear(const ServeScenario& s, ServeResult& r) {
+  r.ssd_wear.bytes_written = r.links[2].bytes;  // engine::Link::h2s
+  r.ssd_wear.rated_dwpd = s.rated_dwpd();
+  const double drive_bytes = s.cards * s.ssd_bytes();
+  r.ssd_wear.drive_writes_per_day =
+      r.makespan_s > 0 && drive_bytes > 0
+          ? double(r.ssd_wear.bytes_written) / drive_bytes * 86400.0 / r.makespan_s
+          : 0;
+}
+
 void ServeScenario::validate() const {
   shape.validate("--model");
   serve_policy(policy);
@@ -120,6 +149,10 @@ void ServeScenario::validate() const {
   if (!(dram_kv_fraction > 0 && dram_kv_fraction <= 1))
     input_error("dram_kv_fraction", "must be in (0, 1], got {}", dram_kv_fraction);
   if (!(spill_rate > 0)) input_error("spill_rate", "must be > 0");
+  if (ssd_bytes_per_card < 0 || !std::isfinite(ssd_bytes_per_card))
+    input_error("ssd_bytes_per_card", "must be a finite number >= 0 (0: the profile's)");
+  if (ssd_rated_dwpd < 0 || !std::isfinite(ssd_rated_dwpd))
+    input_error("--ssd-dwpd", "must be a finite number > 0, got {}", ssd_rated_dwpd);
   if (!(meet_fraction > 0 && meet_fraction <= 1))
     input_error("--meet-fraction", "must be in (0, 1], got {}", meet_fraction);
   if (requests.empty()) input_error("--requests", "no requests");

@@ -259,6 +259,7 @@ Measurements measure_machine(const CalibrateOptions& o) {
   m.ssd_read_latency_s = ssd.read_latency_s;
   m.ssd_write_latency_s = ssd.write_latency_s;
   m.ssd_direct_io = ssd.direct_io;
+  if (!ec) m.ssd_fs_bytes = space.capacity;
   m.dram_bytes = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                  static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
   return m;
@@ -326,6 +327,19 @@ HwProfile profile_from_measurements(const Measurements& m, const CalibrateOption
   p.ssd.write_latency = param(m.ssd_write_latency_s, Dim::time, "us",
                               measured(fmt::format("median 4 KiB SSD store put, {}", ssd_mode)));
   p.ssd.drives_per_node = param(1, Dim::count, "count", measured("one SSD store directory"));
+  // A directory tells its file system's size, not the drive's rating.
+  const double fs = m.ssd_fs_bytes ? double(m.ssd_fs_bytes) : 3.84e12;
+  p.ssd.capacity =
+      param(fs, Dim::bytes, "GB",
+            m.ssd_fs_bytes ? measured(fmt::format("size of the file system of {}", o.dir))
+                           : "assumption: the file system's size was not readable; "
+                             "a 3.84 TB drive");
+  p.ssd.endurance = param(fs * 365 * 5, Dim::bytes, "TB",
+                          "assumption, not measured (a drive's rating cannot be read from a "
+                          "directory): 1 drive write per day over 5 years, the usual rating of a "
+                          "read-intensive datacenter drive");
+  p.ssd.warranty =
+      param(5 * 31536000.0, Dim::time, "year", "assumption, not measured: a 5-year rating span");
   p.node.cards_per_node = param(1, Dim::count, "count", measured("one emulated device"));
   p.origin = "u3m hw calibrate";
   return p;

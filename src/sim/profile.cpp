@@ -52,6 +52,9 @@ constexpr std::array kParams = {
     U3M_PARAM("host", "dram_bandwidth", bandwidth, p.host.dram_bandwidth),
     U3M_PARAM("ssd", "read_bandwidth", bandwidth, p.ssd.read_bandwidth),
     U3M_PARAM("ssd", "write_bandwidth", bandwidth, p.ssd.write_bandwidth),
+    U3M_PARAM("ssd", "capacity", bytes, p.ssd.capacity),
+    U3M_PARAM("ssd", "endurance", bytes, p.ssd.endurance),
+    U3M_PARAM("ssd", "warranty", time, p.ssd.warranty),
     U3M_PARAM("ssd", "read_latency", time, p.ssd.read_latency),
     U3M_PARAM("ssd", "write_latency", time, p.ssd.write_latency),
     U3M_PARAM("ssd", "drives_per_node", count, p.ssd.drives_per_node),
@@ -92,7 +95,8 @@ constexpr Unit kBandwidth[] = {
     {"B/s", 1},     {"KB/s", 1e3},        {"MB/s", 1e6},          {"GB/s", 1e9},
     {"TB/s", 1e12}, {"MiB/s", 1048576.0}, {"GiB/s", 1073741824.0}};
 constexpr Unit kFlopRate[] = {{"FLOPS", 1}, {"GFLOPS", 1e9}, {"TFLOPS", 1e12}, {"PFLOPS", 1e15}};
-constexpr Unit kTime[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}};
+constexpr Unit kTime[] = {{"ns", 1e-9}, {"us", 1e-6},   {"ms", 1e-3},      {"s", 1},
+                          {"h", 3600},  {"day", 86400}, {"year", 31536000}};  // 365 days
 constexpr Unit kFraction[] = {{"fraction", 1}};
 constexpr Unit kCount[] = {{"count", 1}};
 

@@ -35,6 +35,7 @@ TEST(RunConfig, ExampleFileParsesWithEveryValue) {
   EXPECT_EQ(c.host.budget, 64ull << 30);
   EXPECT_EQ(c.ssd.dir, "/tmp");
   EXPECT_EQ(c.ssd.size, 4ull << 30);
+  EXPECT_EQ(c.ssd.endurance_dwpd, 1.0);
   EXPECT_EQ(c.links.h2d_gbps, 0.0);
   EXPECT_EQ(c.pool, "expandable_segments:true");
   EXPECT_EQ(c.policy.tiering, "u3m");

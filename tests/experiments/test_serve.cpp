@@ -137,6 +137,35 @@ TEST(ServeSim, DramPressureAlertsAndSpillIsThrottled) {
   EXPECT_GE(r.links[2].bytes, r.spilled_bytes);  // spills cross the h2s link
 }
 
+// Note [SSD wear]: the h2s bytes are the drives' writes, spread over the
+// group's drives and held at the run's pace for a day; the rating comes from
+// the profile unless the scenario gives one.
+TEST(ServeSim, SsdWearIsTheRunsWritesPerDriveDay) {
+  ServeScenario s = base("tiny", "u3m-dram");
+  kv_slots(s, 30);
+  s.spill_rate = 2e6;
+  const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
+  s.hw.host.dram_capacity.si = 60.5 * double(g.slot_bytes()) / (s.cards * s.dram_kv_fraction);
+  for (int i = 0; i < 200; ++i)
+    s.requests.push_back(req(i * 20.0, {{"d" + std::to_string(i), 512}}, 8));
+  s.ssd_bytes_per_card = 1e9;
+  ServeResult r = simulate_serving(s);
+  ASSERT_GT(r.links[2].bytes, 0u);
+  EXPECT_EQ(r.ssd_wear.bytes_written, r.links[2].bytes);
+  EXPECT_DOUBLE_EQ(r.ssd_wear.drive_writes_per_day,
+                   double(r.links[2].bytes) / (4 * 1e9) * 86400.0 / r.makespan_s);
+  EXPECT_NEAR(r.ssd_wear.rated_dwpd, s.hw.ssd.rated_dwpd(), 1e-12);
+  s.ssd_rated_dwpd = 3;
+  account_ssd_wear(s, r);
+  EXPECT_EQ(r.ssd_wear.rated_dwpd, 3.0);
+  // Without its own size the scenario takes the profile's drives per card.
+  s.ssd_bytes_per_card = 0;
+  EXPECT_DOUBLE_EQ(s.ssd_bytes(), s.hw.ssd.capacity.si * s.hw.ssd.drives_per_node.si /
+                                      s.hw.node.cards_per_node.si);
+  s.ssd_rated_dwpd = -1;
+  EXPECT_THROW(s.validate(), InputError);
+}
+
 TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
   // Hits on SSD: HBM holds one prompt, so the first prompt is demoted to SSD
   // by the second and found there by the third.

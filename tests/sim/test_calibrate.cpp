@@ -45,6 +45,7 @@ u3m::sim::Measurements sample() {
   m.ssd_write_latency_s = 30e-6;
   m.ssd_direct_io = true;
   m.dram_bytes = 16ull << 30;
+  m.ssd_fs_bytes = 500'000'000'000;
   return m;
 }
 
@@ -67,9 +68,16 @@ TEST(Calibrate, ProfileFromMeasurementsIsValidAndSourced) {
   EXPECT_DOUBLE_EQ(p.ssd.read_bandwidth.si, 1.5e9);
   EXPECT_DOUBLE_EQ(p.ssd.write_latency.si, 30e-6);
   EXPECT_DOUBLE_EQ(p.host.dram_capacity.si, double(16ull << 30));
+  EXPECT_DOUBLE_EQ(p.ssd.capacity.si, 500e9);
+  EXPECT_NEAR(p.ssd.rated_dwpd(), 1.0, 1e-9);  // the stated assumption
   const std::string by = "on testbox, 2 cores by u3m hw calibrate, 2025-01-02";
   for (const auto& f : u3m::sim::param_fields()) {
     const std::string& s = f.at(p).source;
+    if (f.section == "ssd" && (f.key == "endurance" || f.key == "warranty")) {
+      // A directory does not tell its drive's rating: an assumption that says so.
+      EXPECT_EQ(s.rfind("assumption, not measured", 0), 0u) << f.key << ": " << s;
+      continue;
+    }
     EXPECT_NE(s.find(by), std::string::npos) << f.key << ": " << s;
     if (f.key == "hbm_capacity")
       EXPECT_EQ(s.rfind("setting, not a measurement", 0), 0u) << s;

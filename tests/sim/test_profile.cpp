@@ -85,6 +85,10 @@ TEST(HwProfile, BuiltinNumbersInBaseUnits) {
   EXPECT_DOUBLE_EQ(a.host_link.bandwidth_practical.si, 25e9);
   EXPECT_DOUBLE_EQ(a.peer_link.bandwidth_theoretical.si, 56e9);
   EXPECT_EQ(a.host_link.kind, "PCIe 4.0 x16");
+  // 7,008 TB over 5 years of 365 days on a 3.84 TB drive: 1 drive write per day.
+  EXPECT_DOUBLE_EQ(a.ssd.capacity.si, 3.84e12);
+  EXPECT_DOUBLE_EQ(a.ssd.warranty.si, 5 * 365 * 86400.0);
+  EXPECT_NEAR(a.ssd.rated_dwpd(), 1.0, 1e-12);
   HwProfile b = load_profile("ascend-910b-64g");
   EXPECT_DOUBLE_EQ(b.device.hbm_capacity.si, 2 * a.device.hbm_capacity.si);
   // The two 910B profiles differ only in HBM capacity (and the words saying so).

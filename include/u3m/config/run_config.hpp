@@ -40,6 +40,7 @@ struct RunConfig {
     std::optional<std::string> dir;  // "" = no SSD tier
     std::optional<std::uint64_t> size;
     std::optional<std::string> faults;  // mem::FaultSpec text (fault injection)
+    std::optional<double> endurance_dwpd;  // the drives' rated writes per day (SSD wear)
   } ssd;                                // [tiers.ssd]
   struct {
     std::optional<double> h2d_gbps, d2h_gbps;

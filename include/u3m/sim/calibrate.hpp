@@ -49,6 +49,7 @@ struct Measurements {
   double ssd_read_bytes_per_s = 0, ssd_write_bytes_per_s = 0;
   double ssd_read_latency_s = 0, ssd_write_latency_s = 0;
   bool ssd_direct_io = false;
+  std::uint64_t ssd_fs_bytes = 0;  // size of the SSD directory's file system (0 = unknown)
   std::uint64_t dram_bytes = 0;
 };
 

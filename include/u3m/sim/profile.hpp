@@ -66,7 +66,15 @@ struct HwProfile {
     std::string model;
     Param read_bandwidth, write_bandwidth;  // bytes/s, sequential, one drive
     Param read_latency, write_latency;      // seconds, small I/O at queue depth 1
+    Param capacity;                         // bytes, one drive
+    Param endurance;                        // bytes the drive is rated to take (TBW)
+    Param warranty;                         // seconds the rating spans
     Param drives_per_node;
+    // Drive writes per day the rating allows: endurance / capacity / warranty days.
+    double rated_dwpd() const {
+      return capacity.si > 0 && warranty.si > 0 ? endurance.si / capacity.si / (warranty.si / 86400)
+                                                : 0;
+    }
   } ssd;
   struct Node {
     Param cards_per_node;
