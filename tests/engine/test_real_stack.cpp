@@ -2,6 +2,7 @@
 // store and the Python binding.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -67,6 +68,63 @@ TEST(RealStack, ZeroCapacitiesAndAMissingSsdDirectoryAreInputErrors) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/u3m-test-dir"), std::string::npos)
         << e.what();
   }
+}
+
+// The device tier through the registry (StackSpec::backend): cuda over u3m's
+// test double of the CUDA runtime, whose "device" memory is host memory, so
+// the test can fill and read device leases directly (hardware cannot).
+TEST(RealStack, OnTheCudaBackendBytesMoveThroughItsCopiesAndPinnedHost) {
+  setenv("U3M_CUDART_LIBRARY", U3M_CUDA_DOUBLE, 1);
+  setenv("U3M_CUDA_DRIVER_LIBRARY", U3M_CUDA_DOUBLE, 1);
+  StackSpec o = small();
+  o.backend = "cuda";
+  o.ssd_bytes = 16 * mem::MiB;
+  {
+    RealStack s(o);
+    EXPECT_EQ(s.backend_name(), "cuda");
+    ASSERT_NE(s.accel(), nullptr);
+    EXPECT_TRUE(s.accel()->info().test_double);
+    Engine& e = s.engine();
+    ASSERT_TRUE(mem::ok(e.add(1, 64 * mem::KiB)));
+    Lease l;
+    ASSERT_TRUE(mem::ok(e.acquire(1, Tier::device, Access::write, &l)));
+    std::memset(l.ptr, 0x3c, 64 * mem::KiB);
+    ASSERT_TRUE(mem::ok(e.release(l)));
+    ASSERT_TRUE(mem::ok(e.evict(1, Tier::device)));  // d2h on the backend's stream
+    e.drain();
+    ASSERT_TRUE(mem::ok(e.evict(1, Tier::host)));  // from pinned host to the SSD
+    e.drain();
+    ASSERT_TRUE(mem::ok(e.acquire(1, Tier::device, Access::read, &l)));  // s2h, then h2d
+    const auto* p = static_cast<const unsigned char*>(l.ptr);
+    for (std::uint64_t i = 0; i < 64 * mem::KiB; i += 4093) ASSERT_EQ(p[i], 0x3c) << i;
+    ASSERT_TRUE(mem::ok(e.release(l)));
+    const EngineStats st = e.stats();
+    EXPECT_EQ(st.links[static_cast<int>(Link::d2h)].bytes, 64 * mem::KiB);
+    EXPECT_EQ(st.links[static_cast<int>(Link::h2d)].bytes, 64 * mem::KiB);
+  }
+  unsetenv("U3M_CUDART_LIBRARY");
+  unsetenv("U3M_CUDA_DRIVER_LIBRARY");
+}
+
+TEST(RealStack, ABackendThatCannotOpenOrAThrottleOnHardwareIsAnInputError) {
+  auto message = [](const StackSpec& o) {
+    try {
+      RealStack s(o);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  StackSpec o = small();
+  o.backend = "tpu";
+  EXPECT_NE(message(o).find("unknown backend 'tpu'"), std::string::npos) << message(o);
+  setenv("U3M_CUDART_LIBRARY", "/nonexistent/libcudart.so", 1);
+  o.backend = "cuda";
+  EXPECT_NE(message(o).find("backend 'cuda' cannot open"), std::string::npos) << message(o);
+  EXPECT_NE(message(o).find("/nonexistent/libcudart.so"), std::string::npos) << message(o);
+  unsetenv("U3M_CUDART_LIBRARY");
+  o.links[static_cast<int>(Link::h2d)].bandwidth = 1e9;
+  EXPECT_NE(message(o).find("device-emu only"), std::string::npos) << message(o);
 }
 
 }  // namespace
