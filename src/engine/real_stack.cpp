@@ -75,7 +75,9 @@ RealStack::RealStack(const StackSpec& o)
     if (!mem::ok(mem::SsdStore::open(so, ssd_, &why)))
       input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir
   }
-  transport_ = std::make_unique<BackendTransport>(*backend_.device, ssd_.get());
+  // Note [Copies on u3m's streams]: on a real device, never the runtime's implicit stream.
+  transport_ = std::make_unique<BackendTransport>(*backend_.device, ssd_.get(),
+                                                  /*stream_copies=*/backend_.accel != nullptr);
   // The engine counts a completed write-back as a copy that checked out
   // (Note [Verified before dropped]); without the store's read-back it is not.
   if (ssd_ && !ssd_->options().verify_writes) c.ssd_verify_max_age_ns = 0;

@@ -1,7 +1,9 @@
 // engine::RealStack: the real runtime's assembly shared by replay, the KV
 // store and the Python binding.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +81,14 @@ TEST(RealStack, OnTheCudaBackendBytesMoveThroughItsCopiesAndPinnedHost) {
   StackSpec o = small();
   o.backend = "cuda";
   o.ssd_bytes = 16 * mem::MiB;
+  // The double's control API, on the very instance the backend loads.
+  void* lib = dlopen(U3M_CUDA_DOUBLE, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  using Calls = std::uint64_t (*)(const char*);
+  const auto calls = reinterpret_cast<Calls>(dlsym(lib, "u3m_double_calls"));
+  ASSERT_NE(calls, nullptr);
+  const std::uint64_t async0 = calls("cudaMemcpyAsync"), sync0 = calls("cudaMemcpy"),
+                      streams0 = calls("cudaStreamCreateWithFlags");
   {
     RealStack s(o);
     EXPECT_EQ(s.backend_name(), "cuda");
@@ -101,7 +111,13 @@ TEST(RealStack, OnTheCudaBackendBytesMoveThroughItsCopiesAndPinnedHost) {
     const EngineStats st = e.stats();
     EXPECT_EQ(st.links[static_cast<int>(Link::d2h)].bytes, 64 * mem::KiB);
     EXPECT_EQ(st.links[static_cast<int>(Link::h2d)].bytes, 64 * mem::KiB);
+    // Note [Copies on u3m's streams]: both moves ran on the links' own
+    // streams, none on the runtime's implicit one (cudaMemcpy).
+    EXPECT_EQ(calls("cudaMemcpyAsync") - async0, 2u);
+    EXPECT_EQ(calls("cudaMemcpy") - sync0, 0u);
+    EXPECT_GE(calls("cudaStreamCreateWithFlags") - streams0, 2u);
   }
+  dlclose(lib);
   unsetenv("U3M_CUDART_LIBRARY");
   unsetenv("U3M_CUDA_DRIVER_LIBRARY");
 }
