@@ -2,7 +2,8 @@
 
 `TieredKVManager` owns one `u3m._core.TieredKvStore`: the C++ block manager (prefix sharing
 by chained block keys, tiers HBM / DRAM / SSD, eviction, admission) whose actions are carried
-out on the real engine (device-emu HBM, pinned host DRAM, an SSD store), with real bytes
+out on the real engine (HBM: device-emu, or the GPU with device="cuda"; pinned host DRAM;
+an SSD store), with real bytes
 (docs/kv.md, "The data path"). It outlives single `generate()` calls, so a later batch finds
 the prompt blocks an earlier one stored.
 
@@ -56,7 +57,7 @@ class TieredKVManager:
     def __init__(self, cfg: ModelConfig, *, device_budget_bytes: int, host_bytes: int,
                  ssd_bytes: int = 0, block_tokens: int = 16, layers_per_group: int = 1,
                  policy: str = "lru", dtype: torch.dtype = torch.float32, ssd_dir: str = "",
-                 model_id: str = "", ssd_faults: str = ""):
+                 model_id: str = "", ssd_faults: str = "", device="cpu"):
         if device_budget_bytes <= 0 or host_bytes <= 0 or ssd_bytes < 0:
             raise ValueError("TieredKVManager: device_budget_bytes and host_bytes must be > 0, "
                              f"ssd_bytes >= 0; got {device_budget_bytes}, {host_bytes}, {ssd_bytes}")
@@ -76,8 +77,17 @@ class TieredKVManager:
                              f"KV block ({slot} B = {block_tokens} tokens x {layers_per_group} layers)")
         slots = (device_budget_bytes // slot, max(1, host_bytes // slot), ssd_bytes // slot)
         config = _core.KvConfig(self.geometry, capacity_slots=slots, policy=policy, overcommit=0)
+        # device: where the model runs; its type picks the HBM tier's backend as u3m.torch.offload
+        # does (Note [Offload on CUDA] in torch.py): cpu -> device-emu, cuda:N -> cuda (real HBM,
+        # pinned DRAM). The registry's reason is the error when that backend cannot open.
+        from .torch import _BACKEND_OF_DEVICE
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"TieredKVManager: device {self.device}: the KV cache runs on cpu or cuda")
+        self.backend = _BACKEND_OF_DEVICE[self.device.type]
         # ssd_faults (tests): faults injected under the SSD tier, e.g. "lost_write=0.05,seed=1".
-        self.store = _core.TieredKvStore(config, ssd_dir=ssd_dir, ssd_faults=ssd_faults)
+        self.store = _core.TieredKvStore(config, ssd_dir=ssd_dir, ssd_faults=ssd_faults,
+                                         backend=self.backend, device=self.device.index or 0)
         self.kv_budget_bytes = slots[0] * slot
         self._next_id = 1
 
@@ -177,7 +187,10 @@ class TieredKVCache(KVCache):
         if end > self.max_len:
             raise ValueError(f"TieredKVCache: position {end} is past the cache length {self.max_len}")
         store, group = self.m.store, layer // self.lpg
-        news = [k_new.detach().to(self.m.dtype).contiguous(), v_new.detach().to(self.m.dtype).contiguous()]
+        # The store copies between its blocks and host memory (on cuda: the backend's h2d/d2h
+        # into HBM blocks), so CUDA K/V stage through host tensors here; on CPU .cpu() is a no-op.
+        news = [k_new.detach().to(self.m.dtype).contiguous().cpu(),
+                v_new.detach().to(self.m.dtype).contiguous().cpu()]
         for r, rid in enumerate(self.ids):
             for b, s, e in self._ranges(start_pos, end):
                 for kv in (0, 1):
@@ -195,7 +208,8 @@ class TieredKVCache(KVCache):
             for b, s, e in self._ranges(0, end):
                 for kv in (0, 1):
                     store.read_into(rid, b, group, self._offset(layer, kv, s), outs[kv][r, s:e].numpy())
-        return outs[0].to(k_new.dtype), outs[1].to(v_new.dtype)
+        return (outs[0].to(device=k_new.device, dtype=k_new.dtype),
+                outs[1].to(device=v_new.device, dtype=v_new.dtype))
 
     def close(self) -> None:
         """Finishes the rows' requests (idempotent)."""

@@ -168,17 +168,25 @@ void bind_kv(py::module_& m) {
       .def_readonly("promoted_host_slots", &Admission::promoted_host_slots);
 
   py::class_<TieredStore>(m, "TieredKvStore",
-                          "KV blocks as engine tensors on the real runtime: device-emu HBM, "
-                          "pinned host DRAM, an SSD store (docs/kv.md, 'The data path')")
+                          "KV blocks as engine tensors on the real runtime: HBM (device-emu, or "
+                          "backend='cuda'/'acl'), pinned host DRAM, an SSD store (docs/kv.md, "
+                          "'The data path')")
       .def(py::init(
-               [](const KvConfig& c, const std::string& ssd_dir, const std::string& ssd_faults) {
+               [](const KvConfig& c, const std::string& ssd_dir, const std::string& ssd_faults,
+                  const std::string& backend, int device) {
                  TieredStoreOptions o;
                  o.ssd_dir = ssd_dir;
+                 o.backend = backend;
+                 o.device = device;
                  if (!ssd_faults.empty())
                    o.ssd_faults = mem::FaultSpec::parse(ssd_faults, "ssd_faults");
                  return std::make_unique<TieredStore>(c, o);
                }),
-           py::arg("config"), py::kw_only(), py::arg("ssd_dir") = "", py::arg("ssd_faults") = "")
+           py::arg("config"), py::kw_only(), py::arg("ssd_dir") = "", py::arg("ssd_faults") = "",
+           py::arg("backend") = "device-emu", py::arg("device") = 0)
+      .def_property_readonly(
+          "backend", [](const TieredStore& s) { return s.stack().backend_name(); },
+          "The device tier's backend (HBM on cuda/acl, device-emu's arena otherwise).")
       .def(
           "ssd_stats", [](const TieredStore& s) { return ssd_dict(s.stack()); },
           "The SSD tier's checks and the faults injected under it (Runtime.stats()['ssd']).")
