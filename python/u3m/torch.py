@@ -121,8 +121,9 @@ backend cannot open, offload raises one OffloadError with the registry's reason.
   queued that read or write it must be done, or the engine could copy (d2h on
   eviction) or reuse the bytes under them. The simplest correct rule is used:
   _release synchronizes torch's current stream first. Not yet an event
-  (cudaStreamWaitEvent would let the CPU run ahead); bench figures say what it
-  costs (scripts/gpu-check-torch.py).
+  (cudaStreamWaitEvent would let the CPU run ahead); the GPU check measures
+  what it costs (stats()["release_sync_s"], scripts/gpu-check-torch.py), once
+  it has run on one.
 - What overlaps. Prefetches the policy issues (the next units, the next
   step's activations) and write-backs of evicted tensors run on u3m's streams
   while torch's kernels run on its own: that is the overlap of copies and
@@ -135,7 +136,9 @@ backend cannot open, offload raises one OffloadError with the registry's reason.
 - Memory. A gathered parameter exists twice on the GPU: the engine's lease (in
   the budget) and the parameter's storage (torch's caching allocator, outside
   the budget, freed at the unit's end), as on CPU. Saved activations are
-  copied, not moved.
+  copied, not moved. Every host-tier allocation is a cudaHostAlloc and every
+  free a cudaFreeHost (no pinned pool yet, and cudaFreeHost may synchronize
+  the device): the first overhead to look for on hardware.
 - torch_npu (Ascend) gets the same design on the acl backend (a model on npu:N
   opens backend "acl"), but a device lease has no zero-copy torch_npu view
   (the CUDA Array Interface has no NPU counterpart in torch_npu that u3m
