@@ -202,6 +202,7 @@ def train(a, device, out: dict) -> None:
         try:
             s = off.stats()
             out["u3m_stats"] = {k: v for k, v in s.items() if k != "engine"}
+            out["host_cache"] = s["engine"].get("host_cache")  # pinned blocks reused, cuda only
             off.close()
         except BaseException as e:  # noqa: BLE001
             out.setdefault("error", failure(e, "offload stats/close"))

@@ -50,6 +50,8 @@ std::string make_scratch_dir() {
 
 RealStack::RealStack(const StackSpec& o)
     : backend_(open_tiers(o)),
+      host_cache_(backend_.accel ? std::make_unique<mem::HostBlockCache>(*backend_.host, o.host_bytes)
+                                 : nullptr),
       source_(*backend_.device),
       pool_(source_, o.pool_config(source_.supports_vmm())) {
   EngineConfig c = o.engine_config();
@@ -81,7 +83,8 @@ RealStack::RealStack(const StackSpec& o)
   // The engine counts a completed write-back as a copy that checked out
   // (Note [Verified before dropped]); without the store's read-back it is not.
   if (ssd_ && !ssd_->options().verify_writes) c.ssd_verify_max_age_ns = 0;
-  engine_ = std::make_unique<Engine>(c, pool_, *backend_.host, *transport_, clock_);
+  mem::MemoryBackend& host = host_cache_ ? *host_cache_ : *backend_.host;
+  engine_ = std::make_unique<Engine>(c, pool_, host, *transport_, clock_);
   std::lock_guard g(corrupt_mu_);
   corrupt_sink_ = engine_.get();
 }

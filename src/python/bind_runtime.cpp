@@ -546,6 +546,16 @@ void bind_runtime(py::module_& m) {
            [](Runtime& r) {
              py::dict d = stats_dict(r.engine().stats());
              d["ssd"] = ssd_dict(r.stack());
+             if (const mem::HostBlockCache* c = r.stack().host_cache()) {
+               const mem::HostBlockCache::Stats hs = c->stats();
+               py::dict h;  // Note [Pinned host cache]
+               h["hits"] = hs.hits;
+               h["misses"] = hs.misses;
+               h["dropped"] = hs.dropped;
+               h["cached_bytes"] = hs.cached_bytes;
+               h["live_bytes"] = hs.live_bytes;
+               d["host_cache"] = h;
+             }
              return d;
            })
       .def(

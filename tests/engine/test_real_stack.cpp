@@ -29,6 +29,8 @@ TEST(RealStack, BytesSurviveDeviceHostAndSsdAndTheScratchDirectoryIsRemoved) {
   {
     RealStack s(o);
     ASSERT_TRUE(s.has_ssd());
+    EXPECT_EQ(s.backend_name(), "device-emu");
+    EXPECT_EQ(s.host_cache(), nullptr);
     EXPECT_EQ(s.arena_bytes(), 2 * o.device_bytes + 64 * mem::MiB);
     Engine& e = s.engine();
     ASSERT_TRUE(mem::ok(e.add(1, 64 * mem::KiB)));
@@ -94,6 +96,7 @@ TEST(RealStack, OnTheCudaBackendBytesMoveThroughItsCopiesAndPinnedHost) {
     EXPECT_EQ(s.backend_name(), "cuda");
     ASSERT_NE(s.accel(), nullptr);
     EXPECT_TRUE(s.accel()->info().test_double);
+    EXPECT_NE(s.host_cache(), nullptr);  // Note [Pinned host cache]
     Engine& e = s.engine();
     ASSERT_TRUE(mem::ok(e.add(1, 64 * mem::KiB)));
     Lease l;

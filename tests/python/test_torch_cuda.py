@@ -54,6 +54,7 @@ class BackendOptionTest(unittest.TestCase):
         memoryview(lease)[:4] = b"abcd"  # the emulated device is host memory
         self.assertFalse(hasattr(lease, "__cuda_array_interface__"))
         rt.release(lease)
+        self.assertNotIn("host_cache", rt.stats())  # device-emu's host tier is not pinned by a runtime
 
     def test_cuda_without_a_runtime_is_one_error_with_the_registrys_reason(self):
         with cuda_runtime_library("/nonexistent/libcudart.so"):
@@ -132,6 +133,10 @@ class CudaDoubleRuntimeTest(unittest.TestCase):
         self.assertEqual(bytes(memoryview(host)), b"\x5a" * 100 + data[100:])
         rt.release(host)
         self.assertTrue(rt.remove(1))
+        # Note [Pinned host cache]: the removed tensor's pinned block is kept, not freed.
+        hc = rt.stats()["host_cache"]
+        self.assertEqual((hc["live_bytes"], hc["cached_bytes"]), (0, n))
+        self.assertEqual(double_calls(self.lib, "cudaFreeHost"), 0)
 
     def test_a_cpu_model_never_opens_the_cuda_backend(self):
         torch.manual_seed(0)

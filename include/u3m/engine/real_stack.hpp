@@ -19,6 +19,7 @@
 #include "u3m/mem/device_emu.hpp"
 #include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/host.hpp"
+#include "u3m/mem/host_cache.hpp"
 #include "u3m/mem/io_engine.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/mem/ssd_store.hpp"
@@ -62,6 +63,9 @@ class RealStack {
   mem::DeviceBackend& device() { return *backend_.device; }
   // auto: why each backend tried before the one opened was passed over.
   const std::vector<std::string>& passed_over() const { return backend_.passed_over; }
+  // The cache in front of the runtime's pinned host allocator (cuda, acl:
+  // Note [Pinned host cache]), or null (device-emu).
+  const mem::HostBlockCache* host_cache() const { return host_cache_.get(); }
   // The scratch directory this stack created for its SSD file (removed with
   // the stack), or "" when it made none.
   const std::string& scratch_dir() const { return scratch_.path; }
@@ -78,6 +82,7 @@ class RealStack {
   };
   Scratch scratch_;
   mem::OpenedBackend backend_;  // device and host tiers
+  std::unique_ptr<mem::HostBlockCache> host_cache_;  // over backend_.host on cuda and acl
   mem::BackendSegmentSource source_;
   mem::DevicePool pool_;
   std::shared_ptr<mem::FaultInjectionIoEngine> faults_;
