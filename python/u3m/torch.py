@@ -136,9 +136,10 @@ backend cannot open, offload raises one OffloadError with the registry's reason.
 - Memory. A gathered parameter exists twice on the GPU: the engine's lease (in
   the budget) and the parameter's storage (torch's caching allocator, outside
   the budget, freed at the unit's end), as on CPU. Saved activations are
-  copied, not moved. Every host-tier allocation is a cudaHostAlloc and every
-  free a cudaFreeHost (no pinned pool yet, and cudaFreeHost may synchronize
-  the device): the first overhead to look for on hardware.
+  copied, not moved. Host-tier blocks are cudaHostAlloc's, kept when freed for
+  the next allocation of their size (Note [Pinned host cache] in
+  include/u3m/mem/host_cache.hpp), so steady steps pin nothing new;
+  stats()["engine"]["host_cache"] counts hits and misses.
 - torch_npu (Ascend) gets the same design on the acl backend (a model on npu:N
   opens backend "acl"), but a device lease has no zero-copy torch_npu view
   (the CUDA Array Interface has no NPU counterpart in torch_npu that u3m
