@@ -36,6 +36,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -359,20 +360,22 @@ std::uint32_t fetch_prefix(TieredStore& store, RemoteKv& remote, RequestId id,
   return local_hits + static_cast<std::uint32_t>(got.size());
 }
 
-void publish_prefix(TieredStore& store, RemoteKv& remote, RequestId id,
-                    const std::vector<std::uint64_t>& keys) {
+void publish_prefix(TieredStore& store, RemoteKv& remote,
+                    const std::vector<std::pair<RequestId, std::vector<std::uint64_t>>>& requests) {
   const KvGeometry& g = store.manager().config().geometry;
   std::vector<std::pair<std::uint64_t, std::string>> blocks;
-  for (std::size_t b = 0; b < keys.size(); ++b) {
-    if (!remote.wants_put(keys[b])) continue;
-    std::string payload(block_bytes(g), '\0');
-    std::uint64_t off = 0;
-    for (std::uint32_t grp = 0; grp < g.groups(); ++grp) {
-      store.read(id, static_cast<std::uint32_t>(b), grp, 0, payload.data() + off, g.group_bytes(grp));
-      off += g.group_bytes(grp);
+  std::unordered_set<std::uint64_t> taken;  // rows of a batch share prefix blocks
+  for (const auto& [id, keys] : requests)
+    for (std::size_t b = 0; b < keys.size(); ++b) {
+      if (!taken.insert(keys[b]).second || !remote.wants_put(keys[b])) continue;
+      std::string payload(block_bytes(g), '\0');
+      std::uint64_t off = 0;
+      for (std::uint32_t grp = 0; grp < g.groups(); ++grp) {
+        store.read(id, static_cast<std::uint32_t>(b), grp, 0, payload.data() + off, g.group_bytes(grp));
+        off += g.group_bytes(grp);
+      }
+      blocks.emplace_back(keys[b], std::move(payload));
     }
-    blocks.emplace_back(keys[b], std::move(payload));
-  }
   remote.put(blocks);
 }
 

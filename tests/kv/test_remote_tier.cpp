@@ -268,9 +268,10 @@ TEST_F(RemoteRedis, TwoStoresShareAPrefixThroughTheRemote) {
       const std::string p = payload(slot, b * 2 + g);
       first.write(1, b, g, 0, p.data(), p.size());
     }
-  publish_prefix(first, r1, 1, keys);
-  EXPECT_EQ(r1.stats().puts, 3u);  // full blocks only
-  publish_prefix(first, r1, 1, keys);
+  publish_prefix(first, r1, {{1, keys}, {1, keys}});
+  EXPECT_EQ(r1.stats().puts, 3u);  // full blocks only, each key once
+  EXPECT_EQ(r1.stats().put_skipped, 0u);
+  publish_prefix(first, r1, {{1, keys}});
   EXPECT_EQ(r1.stats().put_skipped, 3u);  // the index saves the second put
 
   // The second has nothing locally; its three prefix blocks come from the remote.

@@ -146,9 +146,10 @@ std::string remote_namespace(const KvGeometry& g);
 // request's block, all groups. Returns the request's hit blocks, local and remote.
 std::uint32_t fetch_prefix(TieredStore& store, RemoteKv& remote, RequestId id,
                            const std::vector<std::uint64_t>& keys, std::uint32_t local_hits);
-// Puts the request's full prompt blocks [0, keys.size()) the index does not hold yet; call
-// once their KV is written (after prefill).
-void publish_prefix(TieredStore& store, RemoteKv& remote, RequestId id,
-                    const std::vector<std::uint64_t>& keys);
+// Puts the requests' full prompt blocks (keys: block_keys of each one's prompt) that the index
+// does not hold yet, each key once, in one pipelined batch; call once their KV is written
+// (after prefill).
+void publish_prefix(TieredStore& store, RemoteKv& remote,
+                    const std::vector<std::pair<RequestId, std::vector<std::uint64_t>>>& requests);
 
 }  // namespace u3m::kv
