@@ -57,7 +57,8 @@ class TieredKVManager:
     def __init__(self, cfg: ModelConfig, *, device_budget_bytes: int, host_bytes: int,
                  ssd_bytes: int = 0, block_tokens: int = 16, layers_per_group: int = 1,
                  policy: str = "lru", dtype: torch.dtype = torch.float32, ssd_dir: str = "",
-                 model_id: str = "", ssd_faults: str = "", device="cpu"):
+                 model_id: str = "", ssd_faults: str = "", device="cpu", remote: str = "",
+                 remote_ttl_s: int = 3600, remote_timeout_ms: int = 250):
         if device_budget_bytes <= 0 or host_bytes <= 0 or ssd_bytes < 0:
             raise ValueError("TieredKVManager: device_budget_bytes and host_bytes must be > 0, "
                              f"ssd_bytes >= 0; got {device_budget_bytes}, {host_bytes}, {ssd_bytes}")
@@ -90,6 +91,17 @@ class TieredKVManager:
                                          backend=self.backend, device=self.device.index or 0)
         self.kv_budget_bytes = slots[0] * slot
         self._next_id = 1
+        # remote="redis://HOST:PORT": a tier below DRAM shared with other processes (docs/kv.md,
+        # "Remote tier on Redis"). Its values are named by content, so they are only right for
+        # the weights that computed them: model_id must name those weights.
+        self.model_id = model_id
+        self.remote = None
+        if remote:
+            if not model_id:
+                raise ValueError("TieredKVManager: remote= needs model_id= naming the weights "
+                                 "(other processes read the KV stored under it)")
+            self.remote = _core.RemoteKv(remote, geometry=self.geometry, ttl_s=remote_ttl_s,
+                                         timeout_ms=remote_timeout_ms)
 
     def new_request_id(self) -> int:
         rid = self._next_id
@@ -97,7 +109,12 @@ class TieredKVManager:
         return rid
 
     def stats(self) -> dict:
-        return self.store.stats()
+        """The store's counters; with a remote, its own under "remote" (hits, misses, puts,
+        errors, corrupt, ...)."""
+        d = self.store.stats()
+        if self.remote is not None:
+            d["remote"] = self.remote.stats()
+        return d
 
     @property
     def peak_device_bytes(self) -> int:
@@ -126,10 +143,17 @@ class TieredKVCache(KVCache):
     blocks were written by an earlier request and are read, never rewritten. close() finishes
     the requests: private blocks are freed, prompt blocks stay cached for later requests.
     The dense buffers of KVCache (`k`, `v`) do not exist here.
+
+    With the manager's remote, the blocks after a row's local hits that the remote holds are
+    fetched into the row's blocks (promoted: later requests hit them locally) and count as hits;
+    once prefill has written the last layer, each row's full prompt blocks are put to the remote
+    in one batch (synchronous, bounded by its timeout). A remote that fails is skipped.
+    skip_prefix: prefill starts after the hit blocks every row shares (`cached_prefix`), so
+    their KV is read, not recomputed; False recomputes them and compares (`hit_max_abs_diff`).
     """
 
     def __init__(self, manager: TieredKVManager, batch: int, max_len: int, prompts: torch.Tensor,
-                 model_id: Optional[str] = None):
+                 model_id: Optional[str] = None, skip_prefix: bool = False):
         cfg = manager.cfg
         if max_len > cfg.max_seq_len:
             raise ValueError(f"TieredKVCache: max_len {max_len} exceeds the model's max_seq_len {cfg.max_seq_len}")
@@ -141,8 +165,14 @@ class TieredKVCache(KVCache):
         p = prompts.shape[1]
         # model_id: the weights this cache's KV comes from, if not the manager's (Note above).
         salt = manager.salt if model_id is None else f"{model_id}|{manager.dtype}|"
+        if manager.remote is not None and model_id == "":
+            raise ValueError("TieredKVCache: a manager with a remote needs a model_id")
         self.ids: List[int] = []
         self.hit_blocks: List[int] = []
+        self.remote_blocks: List[int] = []  # of hit_blocks, fetched from the remote
+        self._segments: List[List[Tuple[str, int]]] = []
+        self._published = manager.remote is None
+        self.computed_positions = 0  # positions of layer 0 written by update(): what was computed
         self.hit_max_abs_diff = 0.0  # stored vs recomputed KV of prefix hits
         self._closed = False
         self._queued: List[int] = []  # a row the manager queued (only on the error path)
@@ -165,7 +195,14 @@ class TieredKVCache(KVCache):
                 raise RuntimeError(f"TieredKVCache: request for batch row {len(self.ids)} was {result}: "
                                    "the DRAM tier is too small for the batch")
             self.ids.append(rid)
-            self.hit_blocks.append(adm.hit_blocks)
+            hits = adm.hit_blocks
+            if manager.remote is not None:
+                hits = manager.store.fetch_remote(manager.remote, rid, segments, adm.hit_blocks)
+            self.hit_blocks.append(hits)
+            self.remote_blocks.append(hits - adm.hit_blocks)
+            self._segments.append(segments)
+        # KVCache's contract with generate(): positions before this hold every row's KV.
+        self.cached_prefix = min(min(self.hit_blocks) * self.bt, p - 1) if skip_prefix and p else 0
 
     def _ranges(self, start: int, end: int):
         """(block, first position, end position) of each block overlapping [start, end)."""
@@ -202,14 +239,26 @@ class TieredKVCache(KVCache):
                         self.hit_max_abs_diff = max(self.hit_max_abs_diff, diff)
                     else:
                         store.write(rid, b, group, self._offset(layer, kv, s), src.numpy())
-        shape = (self.batch, end) + tuple(k_new.shape[2:])
+        if layer == 0:
+            self.computed_positions += end - start_pos
+        if not self._published and layer == self.m.cfg.n_layers - 1:
+            # Prefill has written every layer of the prompt: share its full blocks.
+            self._published = True
+            store.publish_remote(self.m.remote, list(zip(self.ids, self._segments)))
+        k, v = self.gather(layer, end)
+        return (k.to(device=k_new.device, dtype=k_new.dtype),
+                v.to(device=v_new.device, dtype=v_new.dtype))
+
+    def gather(self, layer: int, end: int) -> tuple:
+        """[B, end, Hkv, D] K and V of `layer`, positions 0..end-1, read from the blocks."""
+        cfg, store, group = self.m.cfg, self.m.store, layer // self.lpg
+        shape = (self.batch, end, cfg.n_kv_heads, cfg.head_dim)
         outs = [torch.empty(shape, dtype=self.m.dtype), torch.empty(shape, dtype=self.m.dtype)]
         for r, rid in enumerate(self.ids):
             for b, s, e in self._ranges(0, end):
                 for kv in (0, 1):
                     store.read_into(rid, b, group, self._offset(layer, kv, s), outs[kv][r, s:e].numpy())
-        return (outs[0].to(device=k_new.device, dtype=k_new.dtype),
-                outs[1].to(device=v_new.device, dtype=v_new.dtype))
+        return outs[0], outs[1]
 
     def close(self) -> None:
         """Finishes the rows' requests (idempotent)."""
