@@ -98,6 +98,29 @@ class RemoteKvTest(unittest.TestCase):
         self.assertEqual(b["tokens"], alone["batches"][0]["tokens"])
         self.assertEqual(b["kv_sha256"], alone["batches"][0]["kv_sha256"])
 
+    @unittest.skipIf(shutil.which("redis-cli") is None, "redis-cli is not installed")
+    def test_a_corrupted_value_is_a_miss_and_the_next_put_repairs_it(self):
+        run_worker("--remote", self.redis.url, "--batches", "7:100")
+        cli = ["redis-cli", "-p", str(self.redis.port)]
+        keys = subprocess.run(cli + ["--scan", "--pattern", "u3m:kv1:*"], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.split()
+        self.assertEqual(len(keys), SYSTEM_BLOCKS)
+        for k in keys:  # one payload byte of every stored block (the header is 32 bytes)
+            subprocess.run(cli + ["SETRANGE", k, "40", "\x7f"], check=True, capture_output=True, timeout=10)
+        got, _ = run_worker("--remote", self.redis.url, "--batches", "7:200")
+        want, _ = run_worker("--batches", "7:200")
+        b = got["batches"][0]
+        self.assertEqual(b["remote_blocks"], [0, 0])  # the checksum refused the first block
+        self.assertEqual(got["remote"]["corrupt"], 1)
+        self.assertEqual(b["computed"], PROMPT + NEW - 1)
+        self.assertEqual(b["tokens"], want["batches"][0]["tokens"])
+        self.assertEqual(b["kv_sha256"], want["batches"][0]["kv_sha256"])
+        # It recomputed the prefix and put it again over the damaged values: a third process hits.
+        self.assertEqual(got["remote"]["puts"], SYSTEM_BLOCKS)
+        third, _ = run_worker("--remote", self.redis.url, "--batches", "7:300")
+        self.assertEqual(third["batches"][0]["remote_blocks"], [SYSTEM_BLOCKS, 0])
+        self.assertEqual(third["remote"]["corrupt"], 0)
+
     def test_killing_the_server_mid_run_falls_back_to_the_local_tiers(self):
         run_worker("--remote", self.redis.url, "--batches", "7:100")
         # Batch 0 fetches the prefix from the remote; batches 1 and 2 have prefixes of their own.
