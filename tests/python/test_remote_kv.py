@@ -69,6 +69,23 @@ def run_worker(*args, timeout=120):
     return json.loads(p.stdout), p.stderr
 
 
+class RemoteOptionsTest(unittest.TestCase):
+    def test_bad_remote_options_are_refused_naming_them(self):
+        from u3m.kv_cache import TieredKVManager
+        from u3m_capture.model import ModelConfig
+        cfg = ModelConfig(vocab_size=256, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=96,
+                          max_seq_len=64)
+        kw = dict(device_budget_bytes=1 << 20, host_bytes=1 << 20, block_tokens=8)
+        with self.assertRaisesRegex(ValueError, "model_id"):
+            TieredKVManager(cfg, remote="redis://127.0.0.1:1", **kw)
+        for bad in ("127.0.0.1:6379", "redis://host", "redis://h:99999", "redis://user@h:1"):
+            with self.assertRaisesRegex(ValueError, "remote"):
+                TieredKVManager(cfg, remote=bad, model_id="m", **kw)
+        # A server that is not there is not an error: the manager serves from its local tiers.
+        m = TieredKVManager(cfg, remote=f"redis://127.0.0.1:{free_port()}", model_id="m", **kw)
+        self.assertEqual(m.stats()["remote"]["errors"], 0)
+
+
 @unittest.skipIf(shutil.which("redis-server") is None, "redis-server is not installed (scripts/install-deps.sh)")
 class RemoteKvTest(unittest.TestCase):
     def setUp(self):
