@@ -32,7 +32,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEPS=${GPU_CHECK_DEPS:-$ROOT/.gpu-deps}
 DEB_PKGS=(libfmt-dev libfmt9 nlohmann-json3-dev libsimdjson-dev libsimdjson14 libcli11-dev
   libgtest-dev libgmock-dev liburing-dev liburing2 libxxhash-dev libxxhash0
-  libtomlplusplus-dev libtomlplusplus3 zlib1g-dev pkgconf pkgconf-bin libpkgconf3 pybind11-dev)
+  libtomlplusplus-dev libtomlplusplus3 zlib1g-dev pkgconf pkgconf-bin libpkgconf3 pybind11-dev
+  libhiredis-dev libhiredis0.14)  # u3m_kv links hiredis (the remote KV tier)
 
 if [ "${1:-}" = "--fetch-deps" ]; then
   dir=${2:-$DEPS}

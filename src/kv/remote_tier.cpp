@@ -28,7 +28,7 @@
 // stays single-threaded, and the timeout bounds what a put can cost.
 #include "u3m/kv/remote_tier.hpp"
 
-#include <hiredis/hiredis.h>
+#include <hiredis.h>  // pkg-config hiredis puts include/hiredis on the path
 #include <signal.h>
 #include <xxhash.h>
 
