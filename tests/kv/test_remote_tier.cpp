@@ -268,9 +268,10 @@ Timing time_batches(int port, unsigned blocks, unsigned bytes) {
     for (std::uint64_t k : keys) EXPECT_EQ(kv.get_prefix({k}, bytes).size(), 1u);
   });
   EXPECT_EQ(kv.stats().errors, 0u);
+  const double mb = double(blocks) * bytes / 1e6;
   std::printf("measured on this machine, loopback, %u blocks of %u B: pipelined put %.0f us "
-              "(with a connect), pipelined get %.0f us, one get per block %.0f us\n",
-              blocks, bytes, t.put_us, t.batch_us, t.single_us);
+              "(with a connect), pipelined get %.0f us (%.0f MB/s), one get per block %.0f us\n",
+              blocks, bytes, t.put_us, t.batch_us, mb / (t.batch_us / 1e6), t.single_us);
   return t;
 }
 
@@ -278,6 +279,7 @@ TEST_F(RemoteRedis, APipelinedBatchSavesRoundTrips) {
   const Timing small = time_batches(server_->port(), 64, 256);
   EXPECT_LT(small.batch_us, small.single_us);
   time_batches(server_->port(), 64, 32 << 10);
+  time_batches(server_->port(), 16, 1 << 20);  // a real model's block is MiBs
 }
 
 // 8 layers in 2 groups of 4; 4-token blocks; 32 B per token and layer: 512 B slots.
