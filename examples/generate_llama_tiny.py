@@ -13,6 +13,11 @@ KVCache of one generate() call holds); the blocks that do not fit live in host D
 KVCache) and the report says whether the tokens are identical. Every figure is measured on
 this machine: peak_kv_device_bytes is the engine's peak of device-tier bytes, tokens_per_s is
 generated tokens over wall time of the generate() calls.
+
+With --remote redis://HOST:PORT the manager shares prefix blocks with other processes through a
+Redis server (docs/kv.md, "Remote tier on Redis"), and --skip-prefix starts prefill after the
+hit blocks every row shares; run it twice (a second --question-seed for other questions) and the
+second run's prefill skips the system prompt the first one stored.
 """
 from __future__ import annotations
 
@@ -47,6 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--policy", default="lru", help="eviction policy: lru, lfu, pgdsf")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--question-seed", type=int, default=None,
+                   help="seed of the per-row questions (default: drawn after the system prompt)")
+    p.add_argument("--remote", default="", help="redis://HOST:PORT: a shared KV tier below DRAM")
+    p.add_argument("--remote-ttl-s", type=int, default=3600)
+    p.add_argument("--skip-prefix", action="store_true",
+                   help="prefill starts after the hit blocks every row shares")
     a = p.parse_args(argv)
     if not 0 < a.kv_budget_fraction <= 1:
         p.error(f"--kv-budget-fraction must be in (0, 1], got {a.kv_budget_fraction}")
@@ -71,6 +82,8 @@ def setup(a):
     gen = torch.Generator().manual_seed(a.seed + 1)
     system = torch.randint(0, cfg.vocab_size, (a.system_tokens,), generator=gen)
     batches = []
+    if a.question_seed is not None:
+        gen = torch.Generator().manual_seed(a.question_seed)
     for _ in range(a.batches):
         q = torch.randint(0, cfg.vocab_size, (a.batch, a.question_tokens), generator=gen)
         batches.append(torch.cat([system.expand(a.batch, -1), q], dim=1))
@@ -86,13 +99,14 @@ def run_untiered(model, batches, new_tokens):
     return out, t
 
 
-def run_tiered(model, batches, new_tokens, mgr):
+def run_tiered(model, batches, new_tokens, mgr, skip_prefix=False):
     out, t, hit_diff, hit_blocks = [], 0.0, 0.0, 0
+    run_tiered.computed = 0  # positions the model computed per row, summed over the batches
     for prompts in batches:
         caches = []
 
         def make_cache(b, total, prompts=prompts):
-            caches.append(TieredKVCache(mgr, b, total, prompts))
+            caches.append(TieredKVCache(mgr, b, total, prompts, skip_prefix=skip_prefix))
             return caches[-1]
 
         t0 = time.perf_counter()
@@ -101,6 +115,7 @@ def run_tiered(model, batches, new_tokens, mgr):
         for c in caches:
             hit_diff = max(hit_diff, c.hit_max_abs_diff)
             hit_blocks += sum(c.hit_blocks)
+            run_tiered.computed += c.computed_positions
             c.close()
     mgr.store.check_agreement()  # the engine holds every block where the manager says
     return out, t, hit_diff, hit_blocks
@@ -115,10 +130,17 @@ def main(argv=None) -> int:
     budget = int(a.kv_budget_fraction * footprint)
     # DRAM holds what HBM does not, for every batch (cached prompt blocks stay).
     slot = a.block_tokens * a.layers_per_group * kv_bytes_per_token_layer(cfg)
-    mgr = TieredKVManager(cfg, device_budget_bytes=budget, host_bytes=(a.batches + 1) * footprint,
-                          ssd_bytes=a.ssd_slots * slot, block_tokens=a.block_tokens,
-                          layers_per_group=a.layers_per_group, policy=a.policy)
-    tokens, t_tiered, hit_diff, hit_blocks = run_tiered(model, batches, a.new_tokens, mgr)
+    try:
+        # The remote's values are right only for these weights: model_id names them.
+        mgr = TieredKVManager(cfg, device_budget_bytes=budget, host_bytes=(a.batches + 1) * footprint,
+                              ssd_bytes=a.ssd_slots * slot, block_tokens=a.block_tokens,
+                              layers_per_group=a.layers_per_group, policy=a.policy,
+                              model_id=f"generate_llama_tiny:seed={a.seed}:d={a.d_model}:l={a.layers}",
+                              remote=a.remote, remote_ttl_s=a.remote_ttl_s)
+    except ValueError as e:
+        print(f"generate_llama_tiny.py: error: --remote {a.remote!r}: {e}", file=sys.stderr)
+        return 2
+    tokens, t_tiered, hit_diff, hit_blocks = run_tiered(model, batches, a.new_tokens, mgr, a.skip_prefix)
     st = mgr.stats()
     generated = a.batch * a.new_tokens * a.batches
     report = {
@@ -138,6 +160,9 @@ def main(argv=None) -> int:
         "prefix_hit_max_abs_diff": hit_diff,
         "kv_reads_by_tier": dict(zip(("device", "host", "ssd"), st["reads_by_tier"])),
         "kv_blocks_moved": st["moved"], "kv_bytes_moved": st["moved_bytes"],
+        # Positions the model computed (prefill + decode) for each row, summed over the batches.
+        "computed_positions": run_tiered.computed,
+        "remote": st.get("remote"),
         "tokens_per_s": {"tiered": generated / t_tiered},
     }
     ok = report["peak_kv_device_bytes"] <= report["kv_budget_bytes"]
@@ -159,7 +184,12 @@ def main(argv=None) -> int:
               f"{report['peak_kv_device_bytes']} B ({'within' if report['peak_kv_device_bytes'] <= report['kv_budget_bytes'] else 'OVER'} the budget), "
               f"peak host-tier KV {report['peak_kv_host_bytes']} B")
         print(f"  prefix hits: {hit_blocks} blocks (stored vs recomputed max |diff| {hit_diff:g}); KV reads "
-              f"by tier {report['kv_reads_by_tier']}; blocks moved {report['kv_blocks_moved']}")
+              f"by tier {report['kv_reads_by_tier']}; blocks moved {report['kv_blocks_moved']}; "
+              f"positions computed {report['computed_positions']}")
+        if report["remote"] is not None:
+            r = report["remote"]
+            print(f"  remote {a.remote}: hits {r['hits']}, misses {r['misses']}, puts {r['puts']}, "
+                  f"errors {r['errors']}, corrupt {r['corrupt']}")
         tps = report["tokens_per_s"]
         line = f"  tokens/s tiered {tps['tiered']:.1f}"
         if a.compare:

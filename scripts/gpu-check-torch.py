@@ -20,6 +20,15 @@ phase's starting point), since memory u3m takes itself is invisible to torch.
 
 --device cpu and small --layers/--d-model run the same code without a GPU (to
 check the script itself; not a measurement of anything issue 19 asks).
+
+Under offload it also records which backend u3m opened (a CUDA model must get
+"cuda", its HBM and pinned host memory; "device-emu" would mean the engine's
+tiers were not on the GPU at all) and, per step, the evidence of copies
+overlapping compute (Note [Offload on CUDA] in python/u3m/torch.py): the bytes
+and busy seconds of the engine's h2d and d2h links (copies on u3m's own
+streams), the seconds the training thread stalled waiting for a fetch, and the
+seconds it spent synchronizing torch's stream before a release. Busy link time
+beyond the stall ran while torch computed.
 """
 from __future__ import annotations
 
@@ -115,6 +124,30 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def engine_counters(off) -> dict:
+    """The offload's engine counters that the overlap evidence is built from."""
+    s = off.rt.stats()
+    links = s["links"]
+    return {"h2d_bytes": links["h2d"]["bytes"], "d2h_bytes": links["d2h"]["bytes"],
+            "h2d_busy_s": links["h2d"]["busy_s"], "d2h_busy_s": links["d2h"]["busy_s"],
+            "stall_s": s["stall_s"], "misses": s["misses"], "prefetch_hits": s["prefetch_hits"],
+            "release_sync_s": off.release_sync_s}  # 0 on CPU
+
+
+def overlap_of(before: dict, after: dict, step_s: float) -> dict:
+    d = {k: after[k] - before[k] for k in after}
+    busy = d["h2d_busy_s"] + d["d2h_busy_s"]
+    d["step_s"] = step_s
+    # Copy time the thread did not wait for ran beside compute (an upper bound on what a
+    # stall hides: the stall also counts queueing behind other copies).
+    d["copy_busy_s"] = busy
+    d["copy_hidden_s"] = max(0.0, busy - d["stall_s"])
+    d["copy_hidden_fraction"] = d["copy_hidden_s"] / busy if busy > 0 else None
+    d["h2d_gbps_while_busy"] = d["h2d_bytes"] / d["h2d_busy_s"] / 1e9 if d["h2d_busy_s"] > 0 else None
+    d["d2h_gbps_while_busy"] = d["d2h_bytes"] / d["d2h_busy_s"] / 1e9 if d["d2h_busy_s"] > 0 else None
+    return d
+
+
 def train(a, device, out: dict) -> None:
     from u3m_capture.model import lm_loss
     mem = DeviceMemory(device)
@@ -129,15 +162,19 @@ def train(a, device, out: dict) -> None:
             off = ut.offload(model, opt, budget_fraction=a.budget_fraction)
             out["budget_bytes"] = off.budget_bytes
             out["footprint_bytes"] = off.footprint_bytes
+            out["u3m_backend"] = {"name": off.rt.backend, "detail": off.rt.backend_detail,
+                                  "test_double": off.rt.test_double,
+                                  "on_the_model_device": (off.rt.backend == "cuda") == (device.type == "cuda")}
         except BaseException as e:  # noqa: BLE001 - the report records whatever happened
             out["error"] = failure(e, "u3m.torch.offload")
             out["memory"] = mem.report()
             return
     mem.sample()
-    losses, times = [], []
+    losses, times, overlap = [], [], []
     for i, tokens in enumerate(batches(a, device)):
         try:
             sync(device)
+            before = engine_counters(off) if off is not None else None
             t0 = time.perf_counter()
             loss = lm_loss(model, tokens)
             loss.backward()
@@ -145,6 +182,8 @@ def train(a, device, out: dict) -> None:
             opt.zero_grad()
             sync(device)
             times.append(time.perf_counter() - t0)
+            if off is not None:
+                overlap.append(overlap_of(before, engine_counters(off), times[-1]))
             losses.append(float(loss.detach().float().cpu()))
             mem.sample()
         except BaseException as e:  # noqa: BLE001
@@ -157,9 +196,13 @@ def train(a, device, out: dict) -> None:
     out["step_time_s"] = rest[len(rest) // 2] if rest else None
     out["memory"] = mem.report()
     if off is not None:
+        out["overlap_per_step"] = overlap
+        out["overlap_note"] = ("measured: engine link busy seconds (copies on u3m's streams) vs the "
+                               "thread's fetch stalls and stream syncs before releases, per step")
         try:
             s = off.stats()
             out["u3m_stats"] = {k: v for k, v in s.items() if k != "engine"}
+            out["host_cache"] = s["engine"].get("host_cache")  # pinned blocks reused, cuda only
             off.close()
         except BaseException as e:  # noqa: BLE001
             out.setdefault("error", failure(e, "offload stats/close"))
@@ -192,8 +235,10 @@ def generate_phase(a, device, out: dict) -> None:
     out["kv_footprint_bytes"] = footprint
     try:
         mgr = TieredKVManager(cfg, device_budget_bytes=int(a.kv_budget_fraction * footprint),
-                              host_bytes=4 * footprint, dtype=dtype, model_id="gpu-check")
+                              host_bytes=4 * footprint, dtype=dtype, model_id="gpu-check",
+                              device=device)
         out["kv_budget_bytes"] = mgr.kv_budget_bytes
+        out["u3m_backend"] = mgr.store.backend
         tiered, t_tiered = [], 0.0
         for p in prompts:
             caches = []

@@ -32,7 +32,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEPS=${GPU_CHECK_DEPS:-$ROOT/.gpu-deps}
 DEB_PKGS=(libfmt-dev libfmt9 nlohmann-json3-dev libsimdjson-dev libsimdjson14 libcli11-dev
   libgtest-dev libgmock-dev liburing-dev liburing2 libxxhash-dev libxxhash0
-  libtomlplusplus-dev libtomlplusplus3 zlib1g-dev pkgconf pkgconf-bin libpkgconf3 pybind11-dev)
+  libtomlplusplus-dev libtomlplusplus3 zlib1g-dev pkgconf pkgconf-bin libpkgconf3 pybind11-dev
+  libhiredis-dev libhiredis0.14)  # u3m_kv links hiredis (the remote KV tier)
 
 if [ "${1:-}" = "--fetch-deps" ]; then
   dir=${2:-$DEPS}
@@ -227,10 +228,26 @@ if un and off and un.get("losses") and off.get("losses"):
     if un.get("step_time_s") and off.get("step_time_s"):
         train["step_time_overhead"] = off["step_time_s"] / un["step_time_s"] - 1
     train["peak_device_bytes"] = {"untiered": un.get("memory"), "offload": off.get("memory")}
+    # Copies on u3m's streams vs compute, past the first step (Note [Offload on CUDA]).
+    steps_after_first = (off.get("overlap_per_step") or [])[1:]
+    if steps_after_first:
+        keys = ("step_s", "copy_busy_s", "copy_hidden_s", "stall_s", "release_sync_s", "h2d_bytes", "d2h_bytes")
+        total = {k: sum(x[k] for x in steps_after_first) for k in keys}
+        total["copy_hidden_fraction"] = (total["copy_hidden_s"] / total["copy_busy_s"]
+                                         if total["copy_busy_s"] > 0 else None)
+        train["overlap_after_first_step"] = total
     complete = n == un["config"]["steps"] == len(off["losses"])
     verdict["offload_losses"] = "pass" if complete and max(rel) <= tol else "fail"
 else:
     verdict["offload_losses"] = "fail: " + ((off or {}).get("error", {}).get("message") or why("train_offload"))
+# The offload's tiers must be on the GPU itself: a CUDA model opens the cuda backend.
+backend = (off or {}).get("u3m_backend")
+train["u3m_backend"] = backend
+if backend:
+    verdict["offload_on_cuda_backend"] = ("pass" if backend.get("name") == "cuda" and not backend.get("test_double")
+                                          else f"fail: the offload opened {backend.get('name')}")
+else:
+    verdict["offload_on_cuda_backend"] = "not run: " + why("train_offload")
 report["train"] = train
 gen = load("generate.json")
 report["generate"] = gen

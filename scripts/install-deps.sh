@@ -9,6 +9,7 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libsimdjson-dev libfmt-dev libxxhash-dev zlib1g-dev
   liburing-dev libtomlplusplus-dev
+  redis-server libhiredis-dev        # the remote KV tier (src/kv/remote_tier.cpp) and its tests
   prometheus-cpp-dev                # /metrics (src/observe)
   python3 python3-dev python3-torch python3-numpy pybind11-dev   # python3-dev: Python.h for the extension
   fio                               # reference bandwidth for `u3m bench ssd`

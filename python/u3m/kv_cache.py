@@ -2,7 +2,8 @@
 
 `TieredKVManager` owns one `u3m._core.TieredKvStore`: the C++ block manager (prefix sharing
 by chained block keys, tiers HBM / DRAM / SSD, eviction, admission) whose actions are carried
-out on the real engine (device-emu HBM, pinned host DRAM, an SSD store), with real bytes
+out on the real engine (HBM: device-emu, or the GPU with device="cuda"; pinned host DRAM;
+an SSD store), with real bytes
 (docs/kv.md, "The data path"). It outlives single `generate()` calls, so a later batch finds
 the prompt blocks an earlier one stored.
 
@@ -56,7 +57,8 @@ class TieredKVManager:
     def __init__(self, cfg: ModelConfig, *, device_budget_bytes: int, host_bytes: int,
                  ssd_bytes: int = 0, block_tokens: int = 16, layers_per_group: int = 1,
                  policy: str = "lru", dtype: torch.dtype = torch.float32, ssd_dir: str = "",
-                 model_id: str = "", ssd_faults: str = ""):
+                 model_id: str = "", ssd_faults: str = "", device="cpu", remote: str = "",
+                 remote_ttl_s: int = 3600, remote_timeout_ms: int = 250):
         if device_budget_bytes <= 0 or host_bytes <= 0 or ssd_bytes < 0:
             raise ValueError("TieredKVManager: device_budget_bytes and host_bytes must be > 0, "
                              f"ssd_bytes >= 0; got {device_budget_bytes}, {host_bytes}, {ssd_bytes}")
@@ -76,10 +78,30 @@ class TieredKVManager:
                              f"KV block ({slot} B = {block_tokens} tokens x {layers_per_group} layers)")
         slots = (device_budget_bytes // slot, max(1, host_bytes // slot), ssd_bytes // slot)
         config = _core.KvConfig(self.geometry, capacity_slots=slots, policy=policy, overcommit=0)
+        # device: where the model runs; its type picks the HBM tier's backend as u3m.torch.offload
+        # does (Note [Offload on CUDA] in torch.py): cpu -> device-emu, cuda:N -> cuda (real HBM,
+        # pinned DRAM). The registry's reason is the error when that backend cannot open.
+        from .torch import _BACKEND_OF_DEVICE
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"TieredKVManager: device {self.device}: the KV cache runs on cpu or cuda")
+        self.backend = _BACKEND_OF_DEVICE[self.device.type]
         # ssd_faults (tests): faults injected under the SSD tier, e.g. "lost_write=0.05,seed=1".
-        self.store = _core.TieredKvStore(config, ssd_dir=ssd_dir, ssd_faults=ssd_faults)
+        self.store = _core.TieredKvStore(config, ssd_dir=ssd_dir, ssd_faults=ssd_faults,
+                                         backend=self.backend, device=self.device.index or 0)
         self.kv_budget_bytes = slots[0] * slot
         self._next_id = 1
+        # remote="redis://HOST:PORT": a tier below DRAM shared with other processes (docs/kv.md,
+        # "Remote tier on Redis"). Its values are named by content, so they are only right for
+        # the weights that computed them: model_id must name those weights.
+        self.model_id = model_id
+        self.remote = None
+        if remote:
+            if not model_id:
+                raise ValueError("TieredKVManager: remote= needs model_id= naming the weights "
+                                 "(other processes read the KV stored under it)")
+            self.remote = _core.RemoteKv(remote, geometry=self.geometry, ttl_s=remote_ttl_s,
+                                         timeout_ms=remote_timeout_ms)
 
     def new_request_id(self) -> int:
         rid = self._next_id
@@ -87,7 +109,12 @@ class TieredKVManager:
         return rid
 
     def stats(self) -> dict:
-        return self.store.stats()
+        """The store's counters; with a remote, its own under "remote" (hits, misses, puts,
+        errors, corrupt, ...)."""
+        d = self.store.stats()
+        if self.remote is not None:
+            d["remote"] = self.remote.stats()
+        return d
 
     @property
     def peak_device_bytes(self) -> int:
@@ -116,10 +143,17 @@ class TieredKVCache(KVCache):
     blocks were written by an earlier request and are read, never rewritten. close() finishes
     the requests: private blocks are freed, prompt blocks stay cached for later requests.
     The dense buffers of KVCache (`k`, `v`) do not exist here.
+
+    With the manager's remote, the blocks after a row's local hits that the remote holds are
+    fetched into the row's blocks (promoted: later requests hit them locally) and count as hits;
+    once prefill has written the last layer, each row's full prompt blocks are put to the remote
+    in one batch (synchronous, bounded by its timeout). A remote that fails is skipped.
+    skip_prefix: prefill starts after the hit blocks every row shares (`cached_prefix`), so
+    their KV is read, not recomputed; False recomputes them and compares (`hit_max_abs_diff`).
     """
 
     def __init__(self, manager: TieredKVManager, batch: int, max_len: int, prompts: torch.Tensor,
-                 model_id: Optional[str] = None):
+                 model_id: Optional[str] = None, skip_prefix: bool = False):
         cfg = manager.cfg
         if max_len > cfg.max_seq_len:
             raise ValueError(f"TieredKVCache: max_len {max_len} exceeds the model's max_seq_len {cfg.max_seq_len}")
@@ -131,8 +165,14 @@ class TieredKVCache(KVCache):
         p = prompts.shape[1]
         # model_id: the weights this cache's KV comes from, if not the manager's (Note above).
         salt = manager.salt if model_id is None else f"{model_id}|{manager.dtype}|"
+        if manager.remote is not None and model_id == "":
+            raise ValueError("TieredKVCache: a manager with a remote needs a model_id")
         self.ids: List[int] = []
         self.hit_blocks: List[int] = []
+        self.remote_blocks: List[int] = []  # of hit_blocks, fetched from the remote
+        self._segments: List[List[Tuple[str, int]]] = []
+        self._published = manager.remote is None
+        self.computed_positions = 0  # positions of layer 0 written by update(): what was computed
         self.hit_max_abs_diff = 0.0  # stored vs recomputed KV of prefix hits
         self._closed = False
         self._queued: List[int] = []  # a row the manager queued (only on the error path)
@@ -155,7 +195,14 @@ class TieredKVCache(KVCache):
                 raise RuntimeError(f"TieredKVCache: request for batch row {len(self.ids)} was {result}: "
                                    "the DRAM tier is too small for the batch")
             self.ids.append(rid)
-            self.hit_blocks.append(adm.hit_blocks)
+            hits = adm.hit_blocks
+            if manager.remote is not None:
+                hits = manager.store.fetch_remote(manager.remote, rid, segments, adm.hit_blocks)
+            self.hit_blocks.append(hits)
+            self.remote_blocks.append(hits - adm.hit_blocks)
+            self._segments.append(segments)
+        # KVCache's contract with generate(): positions before this hold every row's KV.
+        self.cached_prefix = min(min(self.hit_blocks) * self.bt, p - 1) if skip_prefix and p else 0
 
     def _ranges(self, start: int, end: int):
         """(block, first position, end position) of each block overlapping [start, end)."""
@@ -177,7 +224,10 @@ class TieredKVCache(KVCache):
         if end > self.max_len:
             raise ValueError(f"TieredKVCache: position {end} is past the cache length {self.max_len}")
         store, group = self.m.store, layer // self.lpg
-        news = [k_new.detach().to(self.m.dtype).contiguous(), v_new.detach().to(self.m.dtype).contiguous()]
+        # The store copies between its blocks and host memory (on cuda: the backend's h2d/d2h
+        # into HBM blocks), so CUDA K/V stage through host tensors here; on CPU .cpu() is a no-op.
+        news = [k_new.detach().to(self.m.dtype).contiguous().cpu(),
+                v_new.detach().to(self.m.dtype).contiguous().cpu()]
         for r, rid in enumerate(self.ids):
             for b, s, e in self._ranges(start_pos, end):
                 for kv in (0, 1):
@@ -189,13 +239,26 @@ class TieredKVCache(KVCache):
                         self.hit_max_abs_diff = max(self.hit_max_abs_diff, diff)
                     else:
                         store.write(rid, b, group, self._offset(layer, kv, s), src.numpy())
-        shape = (self.batch, end) + tuple(k_new.shape[2:])
+        if layer == 0:
+            self.computed_positions += end - start_pos
+        if not self._published and layer == self.m.cfg.n_layers - 1:
+            # Prefill has written every layer of the prompt: share its full blocks.
+            self._published = True
+            store.publish_remote(self.m.remote, list(zip(self.ids, self._segments)))
+        k, v = self.gather(layer, end)
+        return (k.to(device=k_new.device, dtype=k_new.dtype),
+                v.to(device=v_new.device, dtype=v_new.dtype))
+
+    def gather(self, layer: int, end: int) -> tuple:
+        """[B, end, Hkv, D] K and V of `layer`, positions 0..end-1, read from the blocks."""
+        cfg, store, group = self.m.cfg, self.m.store, layer // self.lpg
+        shape = (self.batch, end, cfg.n_kv_heads, cfg.head_dim)
         outs = [torch.empty(shape, dtype=self.m.dtype), torch.empty(shape, dtype=self.m.dtype)]
         for r, rid in enumerate(self.ids):
             for b, s, e in self._ranges(0, end):
                 for kv in (0, 1):
                     store.read_into(rid, b, group, self._offset(layer, kv, s), outs[kv][r, s:e].numpy())
-        return outs[0].to(k_new.dtype), outs[1].to(v_new.dtype)
+        return outs[0], outs[1]
 
     def close(self) -> None:
         """Finishes the rows' requests (idempotent)."""

@@ -93,6 +93,58 @@ every parameter (trainable or frozen), its gradient and its optimizer state
 - What the budget does not cover: transient compute memory (a module's
   outputs until autograd saves or frees them, unpacked activation copies during
   a backward node, the loss computed outside the model's forward).
+
+Note [Offload on CUDA]
+The offload follows the model: all parameters on one device, whose type picks
+the Runtime's backend through the one registry (mem::open_backend, via
+_core.Runtime(backend=...)): cpu -> device-emu (everything above, bitwise as
+before), cuda:N -> cuda on device N, whose device tier is real GPU memory and
+whose host tier is the runtime's pinned memory (cudaHostAlloc). If the cuda
+backend cannot open, offload raises one OffloadError with the registry's reason.
+- Leases as tensors (_lease_tensor). A host lease is pinned host memory with the
+  buffer protocol (torch.frombuffer, a CPU tensor); a device lease on cuda has
+  no buffer protocol (BufferError: it is not host memory) but a
+  __cuda_array_interface__ (Note [Lease as a CUDA array] in
+  src/python/bind_runtime.cpp), which torch.as_tensor(lease, device=...) wraps
+  without a copy. So the design above holds as is: a gather is a device-to-device
+  copy (torch's, on the current stream) from the lease into the parameter's own
+  CUDA storage (resized by untyped_storage().resize_, storage().resize_ in
+  torch 1.13); the optimizer step runs on the leased device bytes; saved
+  activations are copied into device leases.
+- Stream order. u3m's h2d and d2h moves run on the cuda backend's own
+  non-blocking streams, one per link (Note [Copies on u3m's streams] in
+  src/engine/transport.cpp), never on torch's nor on the legacy default
+  stream; SSD moves are file I/O into pinned host memory, on no stream.
+  Engine -> torch: acquire returns after the fetch's copy completed (its stream
+  was synchronized), so torch may read at once ("stream": None in the
+  interface). Torch -> engine: before any lease is released, the kernels torch
+  queued that read or write it must be done, or the engine could copy (d2h on
+  eviction) or reuse the bytes under them. The simplest correct rule is used:
+  _release synchronizes torch's current stream first. Not yet an event
+  (cudaStreamWaitEvent would let the CPU run ahead); the GPU check measures
+  what it costs (stats()["release_sync_s"], scripts/gpu-check-torch.py), once
+  it has run on one.
+- What overlaps. Prefetches the policy issues (the next units, the next
+  step's activations) and write-backs of evicted tensors run on u3m's streams
+  while torch's kernels run on its own: that is the overlap of copies and
+  compute. What does not: a demand fetch (a miss) blocks the Python thread
+  until it lands, and each release waits for torch's stream, so the CPU does not
+  queue kernels past a unit boundary. The tiered KV cache's block reads and
+  writes are the backend's synchronous copies (cudaMemcpy, the legacy default
+  stream): they serialize with torch's default stream, and K/V stage through
+  host tensors, so its CUDA path is correct, not fast.
+- Memory. A gathered parameter exists twice on the GPU: the engine's lease (in
+  the budget) and the parameter's storage (torch's caching allocator, outside
+  the budget, freed at the unit's end), as on CPU. Saved activations are
+  copied, not moved. Host-tier blocks are cudaHostAlloc's, kept when freed for
+  the next allocation of their size (Note [Pinned host cache] in
+  include/u3m/mem/host_cache.hpp), so steady steps pin nothing new;
+  stats()["engine"]["host_cache"] counts hits and misses.
+- torch_npu (Ascend) gets the same design on the acl backend (a model on npu:N
+  opens backend "acl"), but a device lease has no zero-copy torch_npu view
+  (the CUDA Array Interface has no NPU counterpart in torch_npu that u3m
+  uses), so an npu model is refused with an OffloadError naming that; nothing of
+  it has run on Ascend hardware (docs/accelerators.md).
 """
 from __future__ import annotations
 
@@ -101,6 +153,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 import warnings
 from typing import Callable, Dict, List, Optional
 
@@ -112,6 +165,27 @@ from . import _core
 
 
 _READ_ONLY_WARNED = False
+
+
+# The Runtime backend for a model on each torch device type (Note [Offload on CUDA]).
+_BACKEND_OF_DEVICE = {"cpu": "device-emu", "cuda": "cuda", "npu": "acl"}
+
+
+def _resize_storage(t: torch.Tensor, elems: int) -> None:
+    """Resizes t's storage to `elems` elements of t's dtype: torch >= 2 has untyped_storage
+    (bytes), torch 1.13 only storage() (a TypedStorage, elements)."""
+    if hasattr(t, "untyped_storage"):
+        t.untyped_storage().resize_(elems * t.element_size())
+    else:
+        t.storage().resize_(elems)
+
+
+def _lease_tensor(lease, dtype, device: torch.device) -> torch.Tensor:
+    """A lease's bytes as a flat tensor of `dtype`, no copy: a CUDA tensor over a device lease of
+    the cuda backend (its __cuda_array_interface__), else a CPU tensor over its buffer."""
+    if device.type == "cuda" and lease.tier == "device":
+        return torch.as_tensor(lease, device=device).view(dtype)
+    return _frombuffer(lease, dtype)
 
 
 def _frombuffer(lease, dtype):
@@ -386,8 +460,8 @@ class _Slot:
         self.size, self.stride, self.dtype = like.shape, like.stride(), like.dtype
         self.span = _span(like)
         self.nbytes = self.span * like.element_size()
-        self.base = torch.empty_strided(self.size, self.stride, dtype=self.dtype)
-        self.base.storage().resize_(0)
+        self.base = torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=off.device)
+        _resize_storage(self.base, 0)
         self.face = face_of if face_of is not None else self.base.as_subclass(_Guarded)
         self.face._u3m_slot = self
         self.lease, self.holds, self.ver, self.dirty, self.ptr = None, 0, 0, False, 0
@@ -396,15 +470,15 @@ class _Slot:
         return self.base.as_strided((self.span,), (1,), 0)
 
     def view(self, lease: "_core.Lease") -> torch.Tensor:
-        return _frombuffer(lease, self.dtype).as_strided(self.size, self.stride, 0)
+        return self.off._lease_tensor(lease, self.dtype).as_strided(self.size, self.stride, 0)
 
 
 class _Saved:
     """What autograd keeps for a saved activation: the engine tensor holding a copy of its span."""
-    __slots__ = ("off", "id", "dtype", "size", "stride", "span", "__weakref__")
+    __slots__ = ("off", "id", "dtype", "size", "stride", "span", "device", "__weakref__")
 
     def __init__(self, off: "Offload", tid: int, t: torch.Tensor, span: int):
-        self.off, self.id, self.dtype = off, tid, t.dtype
+        self.off, self.id, self.dtype, self.device = off, tid, t.dtype, t.device
         self.size, self.stride, self.span = t.shape, t.stride(), span
 
     def __del__(self):
@@ -472,6 +546,11 @@ class Offload:
         for pid in in_opt:
             if pid not in names:
                 raise ValueError("u3m.torch.offload: the optimizer holds a parameter the model does not")
+        self.device = self._model_device(named)  # before any slot: theirs are on it
+        if host_optimizer and self.device.type != "cpu":
+            # The step would set a device parameter's .data to a host tensor, which torch refuses.
+            raise ValueError(f"u3m.torch.offload: host_optimizer=True runs the step on host "
+                             f"tensors; it is for CPU models, not one on {self.device}")
         self._live: set = set()  # engine ids registered now
         self.params: List[_Param] = []
         self._by_tensor: Dict[int, _Param] = {}
@@ -494,8 +573,24 @@ class Offload:
             raise ValueError(f"u3m.torch.offload: budget {budget_bytes} bytes is below the "
                              f"{largest} bytes the largest parameter's optimizer step holds at once")
         self.budget_bytes = budget_bytes
-        self.rt = _core.Runtime(budget_bytes, host_bytes or max(8 * self.footprint_bytes, 256 << 20),
-                                ssd_dir, ssd_bytes, ssd_faults=ssd_faults)
+        self.backend = _BACKEND_OF_DEVICE[self.device.type]
+        try:
+            self.rt = _core.Runtime(budget_bytes, host_bytes or max(8 * self.footprint_bytes, 256 << 20),
+                                    ssd_dir, ssd_bytes, ssd_faults=ssd_faults, backend=self.backend,
+                                    device=self.device.index or 0)
+        except ValueError as e:  # u3m.InputError: the registry's reason
+            if self.backend == "device-emu" or f"backend '{self.backend}' cannot open" not in str(e):
+                raise
+            raise OffloadError(f"u3m.torch.offload: the model is on {self.device}, but u3m's "
+                               f"{self.backend} backend cannot open: {e}") from e
+        if self.device.type == "npu":  # Note [Offload on CUDA]: no zero-copy lease view yet
+            raise OffloadError(f"u3m.torch.offload: the model is on {self.device}; the acl backend "
+                               "opened, but a device lease has no torch_npu tensor view yet "
+                               "(docs/accelerators.md: designed, not built, untested)")
+        # Note [Offload on CUDA]: torch's queued work on a lease ends before its release.
+        self._cuda = self.device.type == "cuda"
+        self.release_sync_s = 0.0  # seconds releases waited for torch's stream (CUDA only)
+        self._release = self._release_synced if self._cuda else self.rt.release
         self.offload_activations = offload_activations
         self._deferred: List[int] = []  # removals that found the tensor busy
         self._gathered: Dict[int, _Slot] = {}  # storage address -> slot, while gathered
@@ -525,7 +620,7 @@ class Offload:
                 self._register(r.w)
                 lease = self.rt.acquire(self.drv.engine_id(r.w.tid), "device", "write")
                 r.w.view(lease).copy_(r.p.data)
-                self.rt.release(lease)
+                self._release(lease)
                 r.p.data = r.w.base  # the parameter's one storage, now zero bytes
                 r.p.__class__ = _guarded_class(r.cls)
                 r.p._u3m_slot = r.w
@@ -553,6 +648,33 @@ class Offload:
         optimizer.zero_grad = self._zero_grad
         optimizer.state_dict = self._opt_state_dict
         optimizer.load_state_dict = self._opt_load_state_dict
+
+    @staticmethod
+    def _model_device(named) -> torch.device:
+        """The one device every parameter is on (Note [Offload on CUDA])."""
+        devices = {p.device for _, p in named}
+        if not devices:
+            raise ValueError("u3m.torch.offload: the model has no parameters")
+        if len(devices) != 1:
+            raise ValueError("u3m.torch.offload: the parameters are on more than one device "
+                             f"({', '.join(sorted(str(d) for d in devices))}); move the model to one")
+        d = devices.pop()
+        if d.type not in _BACKEND_OF_DEVICE:
+            raise ValueError(f"u3m.torch.offload: parameters on {d}: u3m runs on "
+                             f"{', '.join(_BACKEND_OF_DEVICE)} models")
+        if d.type == "cuda" and d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+        return d
+
+    def _lease_tensor(self, lease, dtype) -> torch.Tensor:
+        return _lease_tensor(lease, dtype, self.device)
+
+    def _release_synced(self, lease) -> None:
+        # Note [Offload on CUDA]: kernels torch queued on the lease finish before u3m may move it.
+        t0 = time.perf_counter()
+        torch.cuda.current_stream(self.device).synchronize()
+        self.release_sync_s += time.perf_counter() - t0
+        self.rt.release(lease)
 
     def _make_units(self, policy: Callable) -> List[_Unit]:
         """Units from the root down: the first module the policy accepts takes every parameter
@@ -620,8 +742,8 @@ class Offload:
             if s.tid not in self._live:
                 raise OffloadError(f"u3m.torch.offload: the {s.name} has no data (freed or never written)")
             lease = self._acquire_named(s, "read", phase)
-            s.base.storage().resize_(s.span)
-            s.flat().copy_(_frombuffer(lease, s.dtype))
+            _resize_storage(s.base, s.span)
+            s.flat().copy_(self._lease_tensor(lease, s.dtype))
             s.lease, s.ptr, s.dirty = lease, s.base.data_ptr(), False
             s.ver = s.face._version
             self._gathered[s.ptr] = s
@@ -633,12 +755,12 @@ class Offload:
             return
         lease, s.lease = s.lease, None
         del self._gathered[s.ptr]
-        self.rt.release(lease)
+        self._release(lease)
         if s.dirty or s.face._version != s.ver:  # written while gathered: back into the engine
             w = self._acquire_named(s, "write", "other")
-            _frombuffer(w, s.dtype).copy_(s.flat())
-            self.rt.release(w)
-        s.base.storage().resize_(0)
+            self._lease_tensor(w, s.dtype).copy_(s.flat())
+            self._release(w)
+        _resize_storage(s.base, 0)
 
     def _hold_in(self, group: Dict[_Slot, None], s: _Slot, phase: str = "forward") -> None:
         if s not in group:
@@ -843,8 +965,8 @@ class Offload:
             self._register(None, tid, nbytes, name if k == 0 else f"{name}~{k}", "activation")
             lease = self._acquire(tid, "write", "backward" if self._cb_queued else "forward")
             flat = t.detach().as_strided((span,), (1,), t.storage_offset())  # no autograd for the copy
-            _frombuffer(lease, t.dtype).copy_(flat)
-            self.rt.release(lease)
+            self._lease_tensor(lease, t.dtype).copy_(flat)
+            self._release(lease)
             self.saved_bytes += nbytes
             return _Saved(self, tid, t, span)
 
@@ -857,9 +979,9 @@ class Offload:
                 self._hold_in(self._bwd if self._in_backward() else self._loose, packed.slot, "backward")
                 return packed.t
             lease = self._acquire(packed.id, "read", "backward")
-            out = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype)
-            out.as_strided((packed.span,), (1,), 0).copy_(_frombuffer(lease, packed.dtype))
-            self.rt.release(lease)
+            out = torch.empty_strided(packed.size, packed.stride, dtype=packed.dtype, device=packed.device)
+            out.as_strided((packed.span,), (1,), 0).copy_(self._lease_tensor(lease, packed.dtype))
+            self._release(lease)
             return out
 
     # ---------------------------------------------------------------- gradients
@@ -874,7 +996,7 @@ class Offload:
                 self._register(r.g)
             lease = self._acquire_named(r.g, "write", "backward")
             r.g.view(lease).copy_(g)
-        self.rt.release(lease)
+        self._release(lease)
         r.p.grad = r.g.face
 
     def _drop_grad(self, r: _Param) -> None:
@@ -914,7 +1036,7 @@ class Offload:
                     else:
                         lease = self._acquire_named(r.g, "write", "other")
                         r.g.view(lease).zero_()
-                        self.rt.release(lease)
+                        self._release(lease)
 
     # ---------------------------------------------------------------- optimizer
     def _step(self, closure: Optional[Callable] = None):
@@ -960,7 +1082,7 @@ class Offload:
             r.p.grad = r.g.face
             r.p.data = r.w.base
             for lease in leases:
-                self.rt.release(lease)
+                self._release(lease)
 
     def _adopt_state(self, r: _Param, state: dict) -> None:
         """Full-size state tensors the optimizer created (or a load put there) move into the
@@ -973,7 +1095,7 @@ class Offload:
             self._register(s)
             lease = self._acquire_named(s, "write", "optimizer")
             s.view(lease).copy_(val)
-            self.rt.release(lease)
+            self._release(lease)
             r.state[key] = s
         for key, s in r.state.items():
             state[key] = s.face
@@ -1015,7 +1137,7 @@ class Offload:
                     if isinstance(val, torch.Tensor) and val.shape == r.p.shape:
                         lease = self._acquire_named(s, "write", "other")
                         s.view(lease).copy_(val)
-                        self.rt.release(lease)
+                        self._release(lease)
                 self._adopt_state(r, state)
 
     # ---------------------------------------------------------------- results
@@ -1027,7 +1149,8 @@ class Offload:
                 "prefetches": s["prefetches"], "prefetch_hits": s["prefetch_hits"],
                 "misses": s["misses"], "acquires": s["acquires"], "stall_s": s["stall_s"],
                 "saved_activation_bytes": self.saved_bytes, "policy": self.drv.stats(),
-                "faults": self.faults, "units": len(self.units), "engine": s}
+                "faults": self.faults, "units": len(self.units), "backend": self.rt.backend,
+                "release_sync_s": self.release_sync_s, "engine": s}
 
     def close(self) -> None:
         """Puts parameters, gradients and optimizer state back into plain tensors and detaches
@@ -1061,7 +1184,7 @@ class Offload:
             def back(s: _Slot) -> torch.Tensor:
                 lease = self.rt.acquire(self.drv.engine_id(s.tid), "device", "read")
                 out = s.view(lease).clone()
-                self.rt.release(lease)
+                self._release(lease)
                 return out
 
             for r in self.params:

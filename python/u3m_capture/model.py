@@ -144,6 +144,9 @@ class KVCache:
             raise ValueError(f"KVCache: max_len {max_len} exceeds the model's max_seq_len {cfg.max_seq_len}")
         shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
         self.batch, self.max_len = batch, max_len
+        # Positions 0..cached_prefix-1 of every row already hold their KV (a cache that found
+        # them stored, e.g. u3m.kv_cache.TieredKVCache(skip_prefix=True)): prefill starts there.
+        self.cached_prefix = 0
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
 
@@ -296,8 +299,10 @@ def generate(model: Decoder, prompts: torch.Tensor, max_new_tokens: int, *, temp
             if seq is None:
                 seq = prompts.new_empty((b, total))
                 seq[:, :p] = prompts
-            # Prefill reads positions 0..p-1; decode step i reads the token at p+i-1.
-            start = 0 if i == 0 else p + i - 1
+            # Prefill reads positions cached_prefix..p-1 (the cache holds the KV before them;
+            # at least the last prompt token is computed, for its logits); decode step i reads
+            # the token at p+i-1.
+            start = min(getattr(cache, "cached_prefix", 0), p - 1) if i == 0 else p + i - 1
             logits = model(seq[:, start : p + i], start, cache)[:, -1]
             seq[:, p + i] = _sample(logits, temperature, generator)
             if return_logits:

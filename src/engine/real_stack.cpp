@@ -22,6 +22,22 @@ mem::DeviceEmuOptions emu_options(const StackSpec& o) {
   return d;
 }
 
+mem::OpenedBackend open_tiers(const StackSpec& o) {
+  mem::OpenOptions oo;
+  oo.emu = emu_options(o);
+  oo.device = o.device_ordinal;
+  const bool emu = o.backend == "device-emu";
+  if (!emu && (o.links[static_cast<int>(Link::h2d)].bandwidth > 0 ||
+               o.links[static_cast<int>(Link::d2h)].bandwidth > 0))
+    input_error("real stack", "an h2d/d2h bandwidth throttle emulates a link on device-emu only; "
+                "backend '{}' copies over the hardware's own", o.backend);
+  mem::OpenedBackend b;
+  std::string why;
+  if (!mem::ok(mem::open_backend(o.backend, oo, &b, &why)))
+    input_error("real stack", "backend '{}' cannot open: {}", o.backend, why);
+  return b;
+}
+
 std::string make_scratch_dir() {
   const char* tmp = std::getenv("TMPDIR");
   std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/u3m-ssd-XXXXXX";
@@ -33,10 +49,11 @@ std::string make_scratch_dir() {
 }  // namespace
 
 RealStack::RealStack(const StackSpec& o)
-    : device_(emu_options(o)),
-      source_(device_),
-      pool_(source_, o.pool_config(source_.supports_vmm())),
-      host_(mem::HostOptions{}) {
+    : backend_(open_tiers(o)),
+      host_cache_(backend_.accel ? std::make_unique<mem::HostBlockCache>(*backend_.host, o.host_bytes)
+                                 : nullptr),
+      source_(*backend_.device),
+      pool_(source_, o.pool_config(source_.supports_vmm())) {
   EngineConfig c = o.engine_config();
   if (!o.ssd_faults.empty() && !o.ssd_bytes)
     input_error("real stack", "SSD faults ({}) need an SSD tier", o.ssd_faults.describe());
@@ -60,11 +77,14 @@ RealStack::RealStack(const StackSpec& o)
     if (!mem::ok(mem::SsdStore::open(so, ssd_, &why)))
       input_error(dir, "cannot open the SSD tier there: {}", why);  // scratch_ removes its dir
   }
-  transport_ = std::make_unique<BackendTransport>(device_, ssd_.get());
+  // Note [Copies on u3m's streams]: on a real device, never the runtime's implicit stream.
+  transport_ = std::make_unique<BackendTransport>(*backend_.device, ssd_.get(),
+                                                  /*stream_copies=*/backend_.accel != nullptr);
   // The engine counts a completed write-back as a copy that checked out
   // (Note [Verified before dropped]); without the store's read-back it is not.
   if (ssd_ && !ssd_->options().verify_writes) c.ssd_verify_max_age_ns = 0;
-  engine_ = std::make_unique<Engine>(c, pool_, host_, *transport_, clock_);
+  mem::MemoryBackend& host = host_cache_ ? *host_cache_ : *backend_.host;
+  engine_ = std::make_unique<Engine>(c, pool_, host, *transport_, clock_);
   std::lock_guard g(corrupt_mu_);
   corrupt_sink_ = engine_.get();
 }

@@ -37,7 +37,15 @@ struct BackendTransport::Worker {
   mem::LinkSchedule schedule;  // a throttled link's bookings (Note [Link model]), steady ns
   std::thread thread;
 
-  Worker(BackendTransport& o, Link l) : owner(o), link(l) {
+  // The link's own stream, with stream_copies (memory links only). If it
+  // cannot be created the link keeps the synchronous copy, which then reports
+  // the device's failure.
+  mem::Stream stream{};
+  bool has_stream = false;
+
+  Worker(BackendTransport& o, Link l, bool stream_copies) : owner(o), link(l) {
+    if (stream_copies && (l == Link::d2h || l == Link::h2d))
+      has_stream = mem::ok(owner.device_.create_stream(&stream));
     thread = std::thread([this] { run(); });
   }
 
@@ -52,6 +60,7 @@ struct BackendTransport::Worker {
       std::unique_lock lk(mu);
       cv.wait(lk, [&] { return async_in_flight == 0; });
     }
+    if (has_stream) owner.device_.destroy_stream(stream);
   }
 
   void push(const Transfer& t) {
@@ -94,6 +103,12 @@ struct BackendTransport::Worker {
       case Link::d2h:
       case Link::h2d: {
         auto kind = t.link == Link::d2h ? mem::CopyKind::d2h : mem::CopyKind::h2d;
+        if (has_stream) {  // Note [Copies on u3m's streams]
+          Status s = owner.device_.memcpy_async(t.dst, t.bytes, t.src, t.bytes, kind, stream);
+          if (mem::ok(s)) s = owner.device_.synchronize_stream(stream);
+          finish(t, s);
+          return;
+        }
         // The worker waits for its copy anyway: a synchronous copy (Note
         // [Synchronous copies] in mem/device_emu.cpp).
         finish(t, owner.device_.memcpy_sync(t.dst, t.bytes, t.src, t.bytes, kind));
@@ -125,10 +140,21 @@ struct BackendTransport::Worker {
   }
 };
 
-BackendTransport::BackendTransport(mem::DeviceBackend& device, mem::SsdStore* ssd)
+// Note [Copies on u3m's streams]
+// On a real device a synchronous copy runs on the runtime's implicit stream:
+// CUDA's cudaMemcpy uses the legacy default stream, which waits for, and
+// holds up, every blocking stream of the process, PyTorch's default compute
+// stream among them, so a prefetch would serialise with compute. With
+// stream_copies (the real stack on cuda and acl) each memory link copies on a
+// stream of its own (non-blocking on CUDA, Note [One backend, two runtimes])
+// and waits for that stream only; the engine learns of completion when the
+// bytes have landed, as before. device-emu keeps its synchronous copy, which
+// is faster there and has no other stream to block.
+BackendTransport::BackendTransport(mem::DeviceBackend& device, mem::SsdStore* ssd,
+                                   bool stream_copies)
     : device_(device), ssd_(ssd) {
   for (int i = 0; i < kNumLinks; ++i) {
-    workers_[i] = std::make_unique<Worker>(*this, static_cast<Link>(i));
+    workers_[i] = std::make_unique<Worker>(*this, static_cast<Link>(i), stream_copies);
   }
 }
 

@@ -111,6 +111,8 @@ engine::StackSpec TieredStore::stack_spec(const KvConfig& c, const TieredStoreOp
   }
   r.ssd_dir = o.ssd_dir;
   r.ssd_faults = o.ssd_faults;
+  r.backend = o.backend;
+  r.device_ordinal = o.device;
   for (engine::TierLimits* t : {&r.engine.device, &r.engine.host}) {
     t->high_watermark = 1.0;  // the manager decides every eviction
     t->low_watermark = 1.0;
@@ -646,6 +648,25 @@ engine::TensorId TieredStore::locate(RequestId id, std::uint32_t block, std::uin
   return t;
 }
 
+// A device lease on cuda or acl is device memory the CPU cannot touch: the
+// backend's synchronous copy moves it (Note [Offload on CUDA] in
+// python/u3m/torch.py). Host leases, and device-emu's arena, are host memory.
+void TieredStore::copy_lease(const engine::Lease& l, std::uint64_t offset, const void* src,
+                             void* dst, std::uint64_t len) {
+  const bool into = src != nullptr;  // else out of the lease into dst
+  char* at = static_cast<char*>(l.ptr) + offset;
+  if (l.tier != Tier::device || !real_ || real_->accel() == nullptr) {
+    std::memcpy(into ? at : dst, into ? src : at, len);
+    return;
+  }
+  const mem::Status s = into ? real_->device().memcpy_sync(at, len, src, len, mem::CopyKind::h2d)
+                             : real_->device().memcpy_sync(dst, len, at, len, mem::CopyKind::d2h);
+  if (!mem::ok(s))
+    throw std::runtime_error(fmt::format("kv store: {} copy of tensor {} on {}: {}",
+                                         into ? "h2d" : "d2h", l.id, real_->backend_name(),
+                                         mem::to_string(s)));
+}
+
 void TieredStore::write(RequestId id, std::uint32_t block, std::uint32_t group,
                         std::uint64_t offset, const void* src, std::uint64_t len) {
   Tier tier;
@@ -653,7 +674,7 @@ void TieredStore::write(RequestId id, std::uint32_t block, std::uint32_t group,
   engine::Engine& e = engine_;
   engine::Lease l;
   check(e.acquire(t, tier, engine::Access::write, &l), "write lease", t);
-  std::memcpy(static_cast<char*>(l.ptr) + offset, src, len);
+  copy_lease(l, offset, src, nullptr, len);
   check(e.release(l), "release", t);
   ++st_.writes;
   st_.bytes_written += len;
@@ -666,7 +687,7 @@ void TieredStore::read(RequestId id, std::uint32_t block, std::uint32_t group, s
   engine::Engine& e = engine_;
   engine::Lease l;
   check(e.acquire(t, tier, engine::Access::read, &l), "read lease", t);
-  std::memcpy(dst, static_cast<const char*>(l.ptr) + offset, len);
+  copy_lease(l, offset, nullptr, dst, len);
   check(e.release(l), "release", t);
   ++st_.reads;
   st_.bytes_read += len;

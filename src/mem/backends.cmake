@@ -9,5 +9,6 @@ target_sources(u3m_mem PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/backend_cuda.cpp
   ${CMAKE_CURRENT_LIST_DIR}/backend_acl.cpp
   ${CMAKE_CURRENT_LIST_DIR}/backend_registry.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/host_cache.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sys_probe.cpp)
 target_link_libraries(u3m_mem PUBLIC ${CMAKE_DL_LIBS})

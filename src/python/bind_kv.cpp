@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bindings.hpp"
+#include "u3m/kv/remote_tier.hpp"
 #include "u3m/kv/tiered_store.hpp"
 #include "u3m/util/error.hpp"
 
@@ -96,6 +97,30 @@ Tier parse_home(const std::string& s) {
   input_error("KvConfig.home", "a layer group's home is \"device\" or \"host\", got \"{}\"", s);
 }
 
+std::vector<workload::PromptSegment> segments_of(
+    const std::vector<std::pair<std::string, std::uint32_t>>& prompt) {
+  std::vector<workload::PromptSegment> out;
+  for (const auto& [seg, n] : prompt) out.push_back({seg, n});
+  return out;
+}
+
+py::dict remote_dict(const RemoteKv& r) {
+  const RemoteStats& s = r.stats();
+  py::dict d;
+  d["lookups"] = s.lookups;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["index_drops"] = s.index_drops;
+  d["puts"] = s.puts;
+  d["put_skipped"] = s.put_skipped;
+  d["put_bytes"] = s.put_bytes;
+  d["get_bytes"] = s.get_bytes;
+  d["corrupt"] = s.corrupt;
+  d["errors"] = s.errors;
+  d["index_size"] = r.index_size();
+  return d;
+}
+
 }  // namespace
 
 void bind_kv(py::module_& m) {
@@ -167,18 +192,41 @@ void bind_kv(py::module_& m) {
       .def_readonly("promoted_slots", &Admission::promoted_slots)
       .def_readonly("promoted_host_slots", &Admission::promoted_host_slots);
 
+  // The remote tier below DRAM (docs/kv.md, "Remote tier on Redis"). Not thread-safe: one
+  // per store, used under the GIL like the store.
+  py::class_<RemoteKv>(m, "RemoteKv", "Prefix KV blocks shared through a Redis server")
+      .def(py::init([](const std::string& url, const KvGeometry& g, std::uint32_t ttl_s,
+                       std::uint32_t timeout_ms) {
+             RedisOptions o = RedisOptions::parse_url(url, "remote");
+             o.timeout = std::chrono::milliseconds(timeout_ms);
+             return std::make_unique<RemoteKv>(std::make_unique<RedisTier>(o),
+                                               remote_namespace(g), ttl_s);
+           }),
+           py::arg("url"), py::kw_only(), py::arg("geometry"), py::arg("ttl_s") = 3600,
+           py::arg("timeout_ms") = 250)
+      .def_property_readonly("url", [](RemoteKv& r) { return r.tier().describe(); })
+      .def("stats", &remote_dict);
+
   py::class_<TieredStore>(m, "TieredKvStore",
-                          "KV blocks as engine tensors on the real runtime: device-emu HBM, "
-                          "pinned host DRAM, an SSD store (docs/kv.md, 'The data path')")
+                          "KV blocks as engine tensors on the real runtime: HBM (device-emu, or "
+                          "backend='cuda'/'acl'), pinned host DRAM, an SSD store (docs/kv.md, "
+                          "'The data path')")
       .def(py::init(
-               [](const KvConfig& c, const std::string& ssd_dir, const std::string& ssd_faults) {
+               [](const KvConfig& c, const std::string& ssd_dir, const std::string& ssd_faults,
+                  const std::string& backend, int device) {
                  TieredStoreOptions o;
                  o.ssd_dir = ssd_dir;
+                 o.backend = backend;
+                 o.device = device;
                  if (!ssd_faults.empty())
                    o.ssd_faults = mem::FaultSpec::parse(ssd_faults, "ssd_faults");
                  return std::make_unique<TieredStore>(c, o);
                }),
-           py::arg("config"), py::kw_only(), py::arg("ssd_dir") = "", py::arg("ssd_faults") = "")
+           py::arg("config"), py::kw_only(), py::arg("ssd_dir") = "", py::arg("ssd_faults") = "",
+           py::arg("backend") = "device-emu", py::arg("device") = 0)
+      .def_property_readonly(
+          "backend", [](const TieredStore& s) { return s.stack().backend_name(); },
+          "The device tier's backend (HBM on cuda/acl, device-emu's arena otherwise).")
       .def(
           "ssd_stats", [](const TieredStore& s) { return ssd_dict(s.stack()); },
           "The SSD tier's checks and the faults injected under it (Runtime.stats()['ssd']).")
@@ -192,7 +240,7 @@ void bind_kv(py::module_& m) {
              std::uint32_t output_tokens) {
             workload::ServeRequest r;
             r.output_tokens = output_tokens;
-            for (const auto& [seg, n] : prompt) r.prompt.push_back({seg, n});
+            r.prompt = segments_of(prompt);
             Admission a;
             const SubmitResult res = s.submit(id, r, &a);
             py::object adm = py::none();
@@ -200,6 +248,31 @@ void bind_kv(py::module_& m) {
             return py::make_tuple(std::string(to_string(res)), adm);
           },
           py::arg("id"), py::arg("prompt"), py::arg("output_tokens"))
+      // The remote tier (Note [Remote consistency]): fills the request's blocks after its
+      // local hits from the remote; returns its hit blocks, local and remote.
+      .def(
+          "fetch_remote",
+          [](TieredStore& s, RemoteKv& r, RequestId id,
+             const std::vector<std::pair<std::string, std::uint32_t>>& prompt,
+             std::uint32_t local_hits) {
+            const auto keys = block_keys(segments_of(prompt), s.manager().config().geometry.block_tokens);
+            return fetch_prefix(s, r, id, keys, local_hits);
+          },
+          py::arg("remote"), py::arg("id"), py::arg("prompt"), py::arg("local_hits"))
+      // Puts the requests' full prompt blocks the remote's index lacks, in one batch; after
+      // prefill. requests: [(id, prompt), ...].
+      .def(
+          "publish_remote",
+          [](TieredStore& s, RemoteKv& r,
+             const std::vector<std::pair<RequestId, std::vector<std::pair<std::string, std::uint32_t>>>>&
+                 requests) {
+            std::vector<std::pair<RequestId, std::vector<std::uint64_t>>> keyed;
+            for (const auto& [id, prompt] : requests)
+              keyed.emplace_back(id, block_keys(segments_of(prompt),
+                                                s.manager().config().geometry.block_tokens));
+            publish_prefix(s, r, keyed);
+          },
+          py::arg("remote"), py::arg("requests"))
       .def("finish", &TieredStore::finish, py::arg("id"),
            "Frees the request's private blocks; returns the admissions of queued requests")
       .def("spill", &TieredStore::spill, py::arg("budget_bytes"))

@@ -36,6 +36,9 @@ struct RuntimeOptions {
   std::string ssd_faults;             // mem::FaultSpec text; "" = none
   // Eviction watermarks, fractions of each budget (EngineConfig's defaults).
   double device_high = 0.90, device_low = 0.80, host_high = 0.90, host_low = 0.80;
+  // The device tier's backend (mem::open_backend's names or "auto") and device ordinal.
+  std::string backend = "device-emu";
+  int device = 0;
 };
 
 const RuntimeOptions& validated(const RuntimeOptions& o) {
@@ -63,6 +66,8 @@ engine::StackSpec stack_options(const RuntimeOptions& o) {
   so.engine.device.low_watermark = o.device_low;
   so.engine.host.high_watermark = o.host_high;
   so.engine.host.low_watermark = o.host_low;
+  so.backend = o.backend;
+  so.device_ordinal = o.device;
   so.validate("Runtime");
   return so;
 }
@@ -76,6 +81,9 @@ class Runtime {
   const engine::RealStack& stack() const { return stack_; }
   const RuntimeOptions& options() const { return opt_; }
   bool has_ssd() const { return stack_.has_ssd(); }
+  // Device leases are in CUDA (or ACL) device memory: no buffer protocol on them.
+  bool device_is_cuda() const { return stack_.backend_name() == "cuda"; }
+  bool device_is_host_memory() const { return stack_.accel() == nullptr; }
 
  private:
   RuntimeOptions opt_;
@@ -197,6 +205,20 @@ extern "C" int lease_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
                       fmt::format("lease of tensor {} was released", l.lease.id).c_str());
       return -1;
     }
+    // Note [Offload on CUDA] (python/u3m/torch.py): a real device's memory is
+    // not host memory, so reading it through a buffer would crash.
+    if (l.lease.tier == Tier::device && !l.rt->device_is_host_memory()) {
+      PyErr_SetString(
+          PyExc_BufferError,
+          fmt::format("lease of tensor {} is in {} device memory, not host memory{}", l.lease.id,
+                      l.rt->stack().backend_name(),
+                      l.rt->device_is_cuda()
+                          ? ": use its __cuda_array_interface__ (torch.as_tensor(lease, "
+                            "device='cuda'))"
+                          : "")
+              .c_str());
+      return -1;
+    }
     // Fails with BufferError if a writable view of a read lease is asked for.
     return PyBuffer_FillInfo(view, obj, l.lease.ptr, static_cast<Py_ssize_t>(l.lease.bytes),
                              l.lease.access == Access::read ? 1 : 0, flags);
@@ -208,6 +230,43 @@ extern "C" int lease_getbuffer(PyObject* obj, Py_buffer* view, int flags) {
 
 PyLease make_lease(const std::shared_ptr<Runtime>& rt, const engine::Lease& l) {
   return PyLease{rt, l, false};
+}
+
+// Note [Lease as a CUDA array]
+// A device lease on the cuda backend is the CUDA Array Interface v3 (what
+// torch.as_tensor, CuPy and Numba read): bytes as a 1-D uint8 array. "stream"
+// is None, meaning no synchronisation is needed at consumption: the engine's
+// acquire returns only after its copy onto the device completed on u3m's
+// stream (BackendTransport synchronizes it). The consumer owes the other
+// direction: work it queued that reads or writes the lease must finish before
+// release() (u3m.torch synchronizes its stream first).
+py::dict cuda_array_interface(const PyLease& l) {
+  if (l.released) throw py::buffer_error(fmt::format("lease of tensor {} was released", l.lease.id));
+  if (l.lease.tier != Tier::device || !l.rt->device_is_cuda())
+    throw py::attribute_error(fmt::format(
+        "lease of tensor {} is not in CUDA device memory (backend {}, tier {})", l.lease.id,
+        l.rt->stack().backend_name(), mem::to_string(l.lease.tier)));
+  py::dict d;
+  d["shape"] = py::make_tuple(l.lease.bytes);
+  d["typestr"] = "|u1";
+  d["data"] = py::make_tuple(reinterpret_cast<std::uintptr_t>(l.lease.ptr),
+                             l.lease.access == Access::read);
+  d["strides"] = py::none();
+  d["version"] = 3;
+  d["stream"] = py::none();
+  return d;
+}
+
+// What the Runtime's device tier is on, for labels: "device-emu (emulated
+// device in host memory)", or the accelerator as the registry describes it.
+std::string backend_detail(const engine::RealStack& st) {
+  const mem::AccelBackend* a = st.accel();
+  if (a == nullptr) return st.backend_name() + " (emulated device in host memory)";
+  const mem::AccelInfo& i = a->info();
+  std::string s = fmt::format("{}: {} (device {}), {}", i.name, i.device_name, i.device, i.library);
+  if (!i.runtime_version.empty()) s += ", runtime " + i.runtime_version;
+  if (i.test_double) s += " [u3m test double over host memory, not hardware]";
+  return s;
 }
 
 // A PolicyDriver over a Runtime's engine (policy_driver.hpp); it keeps the
@@ -326,6 +385,9 @@ void bind_runtime(py::module_& m) {
       .def_property_readonly("writable",
                              [](const PyLease& l) { return l.lease.access == Access::write; })
       .def_property_readonly("released", [](const PyLease& l) { return l.released; })
+      .def_property_readonly("__cuda_array_interface__", &cuda_array_interface,
+                             "CUDA Array Interface v3 of a device lease on the cuda backend "
+                             "(Note [Lease as a CUDA array]); AttributeError otherwise.")
       .def_property_readonly(
           "address", [](const PyLease& l) { return reinterpret_cast<std::uintptr_t>(l.lease.ptr); })
       .def("__repr__", [](const PyLease& l) {
@@ -337,13 +399,17 @@ void bind_runtime(py::module_& m) {
 
   py::class_<Runtime, std::shared_ptr<Runtime>>(
       m, "Runtime",
-      "The u3m engine on an emulated device (a capacity-limited arena in host memory), host "
-      "memory and an optional SSD store (docs/runtime.md, docs/pytorch.md).")
+      "The u3m engine on a device tier (backend='device-emu': a capacity-limited arena in host "
+      "memory; 'cuda'/'acl': the accelerator, with pinned host memory; 'auto'), host memory and "
+      "an optional SSD store (docs/runtime.md, docs/pytorch.md, docs/accelerators.md).")
       .def(py::init([](const py::object& device_budget, const py::object& host_budget,
                        const std::string& ssd_dir, const py::object& ssd_capacity, double h2d_gbps,
                        double d2h_gbps, const std::string& ssd_faults,
-                       const py::sequence& device_watermarks, const py::sequence& host_watermarks) {
+                       const py::sequence& device_watermarks, const py::sequence& host_watermarks,
+                       const std::string& backend, int device) {
              RuntimeOptions o;
+             o.backend = backend;
+             o.device = device;
              auto pair = [](const py::sequence& w, const char* name) {
                if (py::len(w) != 2)
                  input_error("Runtime", "{} must be (high, low), got {} values", name, py::len(w));
@@ -364,7 +430,21 @@ void bind_runtime(py::module_& m) {
            py::arg("ssd_dir") = "", py::arg("ssd_capacity") = py::int_(0),
            py::arg("h2d_gbps") = 0.0, py::arg("d2h_gbps") = 0.0, py::arg("ssd_faults") = "",
            py::arg("device_watermarks") = py::make_tuple(0.90, 0.80),
-           py::arg("host_watermarks") = py::make_tuple(0.90, 0.80))
+           py::arg("host_watermarks") = py::make_tuple(0.90, 0.80),
+           py::arg("backend") = "device-emu", py::arg("device") = 0)
+      .def_property_readonly("backend",
+                             [](const Runtime& r) { return r.stack().backend_name(); },
+                             "The device tier's backend (\"auto\" resolved).")
+      .def_property_readonly(
+          "backend_detail", [](const Runtime& r) { return backend_detail(r.stack()); },
+          "What the backend is on, for labels (a test double says so).")
+      .def_property_readonly(
+          "test_double",
+          [](const Runtime& r) { return r.stack().accel() && r.stack().accel()->info().test_double; },
+          "True when the cuda/acl runtime opened is u3m's test double over host memory.")
+      .def_property_readonly(
+          "passed_over", [](const Runtime& r) { return r.stack().passed_over(); },
+          "backend='auto': why each backend tried before the one opened was passed over.")
       .def_property_readonly("device_budget",
                              [](const Runtime& r) { return r.options().device_budget; })
       .def_property_readonly("host_budget",
@@ -466,6 +546,16 @@ void bind_runtime(py::module_& m) {
            [](Runtime& r) {
              py::dict d = stats_dict(r.engine().stats());
              d["ssd"] = ssd_dict(r.stack());
+             if (const mem::HostBlockCache* c = r.stack().host_cache()) {
+               const mem::HostBlockCache::Stats hs = c->stats();
+               py::dict h;  // Note [Pinned host cache]
+               h["hits"] = hs.hits;
+               h["misses"] = hs.misses;
+               h["dropped"] = hs.dropped;
+               h["cached_bytes"] = hs.cached_bytes;
+               h["live_bytes"] = hs.live_bytes;
+               d["host_cache"] = h;
+             }
              return d;
            })
       .def(

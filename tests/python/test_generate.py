@@ -82,6 +82,28 @@ class TieredKVCacheTest(unittest.TestCase):
             self.assertTrue(torch.equal(got_k[0, 16], other[0, 16]))
             self.assertGreater(second.hit_max_abs_diff, 0.0)  # we fed different values on purpose
 
+    def test_skip_prefix_starts_prefill_after_the_shared_hit_blocks(self):
+        """skip_prefix=True: a later batch whose rows all hit the first two blocks computes
+        prefill from position 16 on; its tokens are the untiered run's."""
+        torch.manual_seed(0)
+        model = Decoder(CFG).eval()
+        system = torch.randint(0, 256, (16,))
+        m, _ = manager()
+        for i in range(2):
+            prompts = torch.cat([system.expand(2, -1), torch.randint(0, 256, (2, 5))], 1)
+            caches = []
+
+            def make(b, total, prompts=prompts):
+                caches.append(TieredKVCache(m, b, total, prompts, skip_prefix=True))
+                return caches[-1]
+
+            got = generate(model, prompts, 6, temperature=0, make_cache=make)
+            caches[0].close()
+            self.assertTrue(torch.equal(got, generate(model, prompts, 6, temperature=0)))
+            skipped = 0 if i == 0 else 16  # batch 0: row 0 hits nothing, so neither row skips
+            self.assertEqual(caches[0].cached_prefix, skipped)
+            self.assertEqual(caches[0].computed_positions, 21 - skipped + 5)
+
     def test_model_id_keeps_one_models_kv_from_another(self):
         m, _ = manager()
         prompts = torch.arange(17).reshape(1, 17) % 256

@@ -8,15 +8,18 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "u3m/engine/clock.hpp"
 #include "u3m/engine/engine.hpp"
 #include "u3m/engine/stack_spec.hpp"
 #include "u3m/engine/transport.hpp"
+#include "u3m/mem/backend_registry.hpp"
 #include "u3m/mem/backend_source.hpp"
 #include "u3m/mem/device_emu.hpp"
 #include "u3m/mem/fault_spec.hpp"
 #include "u3m/mem/host.hpp"
+#include "u3m/mem/host_cache.hpp"
 #include "u3m/mem/io_engine.hpp"
 #include "u3m/mem/pool.hpp"
 #include "u3m/mem/ssd_store.hpp"
@@ -26,12 +29,15 @@ namespace u3m::engine {
 
 // Note [Real stack]
 // Built from a StackSpec (the device arena: Note [Device arena] in
-// stack_spec.hpp). Members are built in declaration order and torn down in
+// stack_spec.hpp). The device and host tiers come from mem::open_backend on
+// StackSpec::backend, so device-emu and a real cuda or acl device are chosen
+// in one place. Members are built in declaration order and torn down in
 // reverse, the engine first: it waits for its transfers, which use the
 // backends.
 class RealStack {
  public:
-  // InputError for capacities of 0 or an SSD tier that cannot be opened.
+  // InputError for capacities of 0, an SSD tier that cannot be opened, or a
+  // backend that cannot open (the registry's one-line reason).
   explicit RealStack(const StackSpec& o);
   ~RealStack();
   RealStack(const RealStack&) = delete;
@@ -48,6 +54,18 @@ class RealStack {
   // that it discarded), or "".
   std::string ssd_notice() const;
   std::uint64_t arena_bytes() const;
+  // The backend the device tier is on ("auto" resolved), and what the
+  // registry knows of it: the AccelBackend for cuda and acl, else null.
+  const std::string& backend_name() const { return backend_.name; }
+  const mem::AccelBackend* accel() const { return backend_.accel; }
+  // The device tier's backend, for a copy between a device lease and host
+  // memory the CPU cannot do itself (cuda, acl: device memory is not mapped).
+  mem::DeviceBackend& device() { return *backend_.device; }
+  // auto: why each backend tried before the one opened was passed over.
+  const std::vector<std::string>& passed_over() const { return backend_.passed_over; }
+  // The cache in front of the runtime's pinned host allocator (cuda, acl:
+  // Note [Pinned host cache]), or null (device-emu).
+  const mem::HostBlockCache* host_cache() const { return host_cache_.get(); }
   // The scratch directory this stack created for its SSD file (removed with
   // the stack), or "" when it made none.
   const std::string& scratch_dir() const { return scratch_.path; }
@@ -63,10 +81,10 @@ class RealStack {
     ~Scratch();
   };
   Scratch scratch_;
-  mem::DeviceEmuBackend device_;
+  mem::OpenedBackend backend_;  // device and host tiers
+  std::unique_ptr<mem::HostBlockCache> host_cache_;  // over backend_.host on cuda and acl
   mem::BackendSegmentSource source_;
   mem::DevicePool pool_;
-  mem::HostBackend host_;
   std::shared_ptr<mem::FaultInjectionIoEngine> faults_;
   std::unique_ptr<mem::SsdStore> ssd_;
   std::unique_ptr<BackendTransport> transport_;

@@ -37,6 +37,12 @@ struct StackSpec {
   std::array<mem::LinkModel, kNumLinks> links{};
 
   // Real stack only.
+  // The device tier's backend, opened through mem::open_backend (the one
+  // registry): "device-emu" (the arena in host memory), "cuda", "acl" or
+  // "auto". On cuda and acl the host tier is the runtime's pinned memory and
+  // the h2d/d2h links are the hardware's (no emulated throttle).
+  std::string backend = "device-emu";
+  int device_ordinal = 0;  // cuda and acl: which device
   // Where the SSD store's file goes; empty = a fresh directory under $TMPDIR
   // (or /tmp), removed with the stack.
   std::string ssd_dir;

@@ -63,12 +63,15 @@ class Transport {
 // bandwidth to demand reads, whatever the transfer sizes.
 
 // Real transport: one worker thread per link. Memory links copy with the
-// device backend's memcpy_async on the link's own stream and synchronize; SSD
-// links use the store's async put/get (checksums verified on every get).
+// device backend's memcpy_sync (device-emu: Note [Synchronous copies]), or,
+// with stream_copies, with memcpy_async on the link's own stream and a
+// synchronize of that stream (Note [Copies on u3m's streams]); SSD links use
+// the store's async put/get (checksums verified on every get).
 class BackendTransport final : public Transport {
  public:
   // `device` must outlive the transport; `ssd` may be null (two tiers).
-  BackendTransport(mem::DeviceBackend& device, mem::SsdStore* ssd);
+  // stream_copies: the memory links create a stream each and copy on it.
+  BackendTransport(mem::DeviceBackend& device, mem::SsdStore* ssd, bool stream_copies = false);
   ~BackendTransport() override;  // waits for transfers in flight
   void set_completion(TransferDone done) override;
   void start(const Transfer& t) override;

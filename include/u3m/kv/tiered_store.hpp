@@ -43,6 +43,9 @@ struct TieredStoreStats {
 
 struct TieredStoreOptions {
   std::string ssd_dir;  // see engine::StackSpec::ssd_dir
+  // The real stack's device backend and ordinal (engine::StackSpec::backend).
+  std::string backend = "device-emu";
+  int device = 0;
   mem::FaultSpec ssd_faults;  // injected under the SSD tier (tests); empty = none
   // After every call, check that the engine holds each settled block in exactly the tier
   // the manager says (check_agreement). For tests: it walks every live block.
@@ -149,6 +152,9 @@ class TieredStore {
   std::size_t live_blocks() const { return live_.size(); }
 
  private:
+  // write()/read()'s copy: src into the lease at offset, or the lease into dst.
+  void copy_lease(const engine::Lease& l, std::uint64_t offset, const void* src, void* dst,
+                  std::uint64_t len);
   struct Exec {  // an action the manager prepared, not completed yet
     Action a;
     bool started = false;
