@@ -152,7 +152,8 @@ void ServeScenario::validate() const {
   if (ssd_bytes_per_card < 0 || !std::isfinite(ssd_bytes_per_card))
     input_error("ssd_bytes_per_card", "must be a finite number >= 0 (0: the profile's)");
   if (ssd_rated_dwpd < 0 || !std::isfinite(ssd_rated_dwpd))
-    input_error("--ssd-dwpd", "must be a finite number > 0, got {}", ssd_rated_dwpd);
+    input_error("--ssd-dwpd", "must be a finite number >= 0 (0: the profile's rating), got {}",
+                ssd_rated_dwpd);
   if (!(meet_fraction > 0 && meet_fraction <= 1))
     input_error("--meet-fraction", "must be in (0, 1], got {}", meet_fraction);
   if (requests.empty()) input_error("--requests", "no requests");

@@ -182,6 +182,9 @@ if case_of "run replay"; then
   run_bad "run replay --d2h-gbps -1" "--d2h-gbps" "${R[@]}" --d2h-gbps -1
   run_bad "run replay --ssd-dir missing" "--ssd-dir" "${R[@]}" --ssd-dir "$NOFILE"
   run_bad "run replay --ssd-dir a file" "--ssd-dir" "${R[@]}" --ssd-dir "$tmp/empty"
+  run_bad "run replay --hw without --diagnose" "--hw" "${R[@]}" --hw ascend-910b-32g
+  run_bad "run replay --diagnose --hw unknown" "nope" "${R[@]}" --diagnose --hw nope
+  run_bad "run replay --diagnose --hw bad" "bad.toml" "${R[@]}" --diagnose --hw "$tmp/bad.toml"
   config_inputs "${R[@]}"
 fi
 
@@ -314,6 +317,7 @@ serve_common() {  # CMD... (a valid base without --requests)
   run_bad "$* --model" "--model" "$@" "${R[@]}" --model nope
   run_bad "$* --hw unknown" "nope" "$@" "${R[@]}" --hw nope
   run_bad "$* --hw bad" "bad.toml" "$@" "${R[@]}" --hw "$tmp/bad.toml"
+  for v in -1 nan inf abc; do run_bad "$* --ssd-dwpd $v" "--ssd-dwpd" "$@" "${R[@]}" --ssd-dwpd "$v"; done
   request_inputs "$@" --requests
   run_bad "$* not rag, not a file" "ragx" "$@" --requests ragx
   run_bad "$* rag no =" "--requests" "$@" --requests rag:requests
@@ -341,6 +345,7 @@ if case_of "serve sim"; then
   serve_common "${V[@]}"
   for v in 0 -1; do run_bad "serve sim --rate-scale $v" "--rate-scale" "${V[@]}" --requests rag:requests=5 --rate-scale "$v"; done
   run_bad "serve sim --kv-policy" "--kv-policy" "${V[@]}" --requests rag:requests=5 --kv-policy fifo
+  run_bad "serve sim --timeline unwritable" "--timeline" "${V[@]}" --requests rag:requests=5 --timeline "$NOFILE/t.json"
   config_inputs "${V[@]}" --requests rag:requests=5
 fi
 
