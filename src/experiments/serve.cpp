@@ -123,6 +123,8 @@ void ServeScenario::validate() const {
   if (!(meet_fraction > 0 && meet_fraction <= 1))
     input_error("--meet-fraction", "must be in (0, 1], got {}", meet_fraction);
   if (requests.empty()) input_error("--requests", "no requests");
+  if (instances < 1 || instances > kMaxInstances)
+    input_error("--instances", "must be 1 to {}, got {}", kMaxInstances, instances);
 }
 
 // Note [Coarse timestamps]

@@ -19,8 +19,12 @@ constexpr const char* kTierNames[kv::kTiers] = {"device", "host", "ssd"};
 }  // namespace
 
 std::string serve_label(const ServeScenario& s) {
-  return fmt::format("simulated (profile {}, model {}, cards {})", s.hw.name, s.shape.name,
-                     s.cards);
+  if (s.instances == 1 && !s.shared_pool)
+    return fmt::format("simulated (profile {}, model {}, cards {})", s.hw.name, s.shape.name,
+                       s.cards);
+  return fmt::format("simulated (profile {}, model {}, {} instances x {} cards, pool {})",
+                     s.hw.name, s.shape.name, s.instances, s.cards,
+                     s.shared_pool ? "shared" : "separate");
 }
 
 nlohmann::json serve_scenario_json(const ServeScenario& s) {
@@ -53,6 +57,9 @@ nlohmann::json serve_scenario_json(const ServeScenario& s) {
           {"ssd_bytes_per_card", s.ssd_bytes_per_card},
           {"spill_rate_bytes_per_s", s.spill_rate},
           {"spread_ties", s.spread_ties},
+          {"instances", s.instances},
+          {"pool", s.shared_pool ? "shared" : "separate"},
+          {"routing", "by session (a session stays on its first instance), else round-robin"},
           {"figures", serve_label(s)},
           {"version", kVersion}};
 }
@@ -65,11 +72,22 @@ nlohmann::json serve_result_json(const ServeScenario& s, const ServeResult& r) {
     by_tier[kTierNames[t]] = {{"capacity", r.capacity_bytes[t]}, {"peak", r.peak_bytes[t]}};
     hits[kTierNames[t]] = k.hit_blocks_by_tier[t];
   }
+  hits["pool"] = r.pool_hit_blocks;
+  by_tier["pool"] = {{"capacity", r.pool_capacity_bytes}, {"peak", r.pool_peak_bytes}};
+  // The hit rate of each tier: tokens hit there / prompt tokens (own tiers by the lowest tier
+  // a slot was in, Admission::hit_blocks_by_tier).
+  nlohmann::json hit_rate;
+  const double prompt = k.prompt_tokens ? double(k.prompt_tokens) : 1.0;
+  for (int t = 0; t < kv::kTiers; ++t)
+    hit_rate[kTierNames[t]] = double(k.hit_blocks_by_tier[t]) * s.block_tokens / prompt;
+  hit_rate["pool"] = double(r.pool_hit_tokens) / prompt;
   for (int l = 0; l < 4; ++l)
     by_link[links[l]] = {{"bytes", r.links[l].bytes},
                          {"transfers", r.links[l].transfers},
                          {"busy_s", r.links[l].busy_s}};
   by_link["peer"] = {{"bytes_per_card", r.peer.bytes}, {"transfers", r.peer.transfers}};
+  for (auto [name, l] : {std::pair{"net_rx", &r.net_rx}, {"net_tx", &r.net_tx}})
+    by_link[name] = {{"bytes", l->bytes}, {"transfers", l->transfers}, {"busy_s", l->busy_s}};
   return {{"label", serve_label(s)},
           {"policy", r.policy},
           {"goodput_rps", r.goodput_rps},
@@ -102,6 +120,13 @@ nlohmann::json serve_result_json(const ServeScenario& s, const ServeResult& r) {
           {"first_alert_s", r.first_alert_s},
           {"promoted_slots", {{"from_host", k.promoted_host_slots}, {"from_ssd", k.promoted_slots}}},
           {"hits_by_tier_blocks", hits},
+          {"hit_rate_by_tier", hit_rate},
+          {"pool",
+           {{"shared", r.shared_pool},
+            {"instances", r.instances},
+            {"put_blocks", r.pool_put_blocks},
+            {"evicted_blocks", r.pool_evicted_blocks},
+            {"network_bytes", r.net_rx.bytes + r.net_tx.bytes}}},
           {"slo",
            {{"ttft_ms", r.slo.ttft_ms},
             {"ttft_prefill_factor", r.slo.ttft_prefill_factor},
