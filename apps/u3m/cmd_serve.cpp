@@ -28,6 +28,7 @@ struct ServeArgs {
   double slo_ttft_ms = 0, slo_tpot_ms = 0, slo_ttft_factor = -1, rate_scale = 1;
   experiments::ServeScenario knobs;  // the remaining scenario fields, with their defaults
   bool json = false;
+  std::string pool = "separate";  // --pool
   std::string config;          // --config FILE
   std::string timeline;        // serve sim --timeline OUT.json ("" = none)
   nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
@@ -52,6 +53,7 @@ experiments::ServeScenario scenario(const ServeArgs& a) {
   s.cards = a.cards;
   s.policy = a.policy;
   s.rate_scale = a.rate_scale;
+  s.shared_pool = a.pool == "shared";
   s.slo = {a.slo_ttft_ms, a.slo_tpot_ms, a.slo_ttft_factor};
   if (a.requests == "rag" || a.requests.starts_with("rag:")) {
     const workload::RagConfig c = parse_rag_spec(a.requests);
@@ -121,6 +123,13 @@ void print_detail(const experiments::ServeResult& r) {
       "rating of {:.2g})\n",
       gb(double(w.bytes_written)), w.drive_writes_per_day,
       w.drive_writes_per_day > w.rated_dwpd ? "OVER " : "within ", w.rated_dwpd);
+  if (r.instances > 1 || r.shared_pool)
+    fmt::print(
+        "      {} instances, pool {}: pool {} (peak {}), hits {} blocks ({} tokens), put {} "
+        "blocks, evicted {}; network rx {}, tx {}\n",
+        r.instances, r.shared_pool ? "shared" : "separate", gb(double(r.pool_capacity_bytes)),
+        gb(double(r.pool_peak_bytes)), r.pool_hit_blocks, r.pool_hit_tokens, r.pool_put_blocks,
+        r.pool_evicted_blocks, gb(double(r.net_rx.bytes)), gb(double(r.net_tx.bytes)));
 }
 
 bool tty(const ServeArgs& a) {
@@ -229,6 +238,16 @@ void add_common(CLI::App* c, ServeArgs& a) {
   c->add_flag("!--no-spread-ties", a.knobs.spread_ties,
               "Replay equal timestamps as one burst (default: spread them over the gap to the "
               "next timestamp, undoing coarse trace clocks such as Mooncake's 3 s steps)");
+  c->add_option("--instances", a.knobs.instances,
+                 "Serving instances of --cards cards each, on nodes of the profile's "
+                 "cards_per_node; the trace is split by session, else round-robin")
+      ->check(CLI::Range(1u, experiments::kMaxInstances))
+      ->capture_default_str();
+  c->add_option("--pool", a.pool,
+                "shared: a KV pool of the nodes' DRAM below every instance's tiers, read and "
+                "written over the profile's network; separate: each instance only its own")
+      ->check(CLI::IsMember({"shared", "separate"}))
+      ->capture_default_str();
   c->add_flag("--json", a.json, "One JSON object with the scenario, the profile and the version");
   c->add_option("--ssd-dwpd", a.knobs.ssd_rated_dwpd,
                 "The SSDs' rated drive writes per day, against which the run's SSD wear is "

@@ -111,7 +111,7 @@ double ServeScenario::rated_dwpd() const {
 // Note [SSD wear]
 // Every byte the store moves onto the SSD crosses the h2s link (HBM blocks
 // are staged through it too), so the link's bytes are the drives' writes.
-// Drive writes per day = bytes written / (cards x SSD bytes per card)
+// Drive writes per day = bytes written / (instances x cards x SSD bytes per card)
 // x 86,400 / makespan: the run's write pace held for a day, spread evenly
 // over the group's drives. It is compared with the drive's rating (its
 // endurance / capacity / warranty days, from the profile, or
@@ -120,7 +120,7 @@ double ServeScenario::rated_dwpd() const {
 void account_ssd_wear(const ServeScenario& s, ServeResult& r) {
   r.ssd_wear.bytes_written = r.links[2].bytes;  // engine::Link::h2s
   r.ssd_wear.rated_dwpd = s.rated_dwpd();
-  const double drive_bytes = s.cards * s.ssd_bytes();
+  const double drive_bytes = double(s.instances) * s.cards * s.ssd_bytes();
   r.ssd_wear.drive_writes_per_day =
       r.makespan_s > 0 && drive_bytes > 0
           ? double(r.ssd_wear.bytes_written) / drive_bytes * 86400.0 / r.makespan_s
@@ -157,6 +157,8 @@ void ServeScenario::validate() const {
   if (!(meet_fraction > 0 && meet_fraction <= 1))
     input_error("--meet-fraction", "must be in (0, 1], got {}", meet_fraction);
   if (requests.empty()) input_error("--requests", "no requests");
+  if (instances < 1 || instances > kMaxInstances)
+    input_error("--instances", "must be 1 to {}, got {}", kMaxInstances, instances);
 }
 
 // Note [Coarse timestamps]

@@ -19,8 +19,12 @@ constexpr const char* kTierNames[kv::kTiers] = {"device", "host", "ssd"};
 }  // namespace
 
 std::string serve_label(const ServeScenario& s) {
-  return fmt::format("simulated (profile {}, model {}, cards {})", s.hw.name, s.shape.name,
-                     s.cards);
+  if (s.instances == 1 && !s.shared_pool)
+    return fmt::format("simulated (profile {}, model {}, cards {})", s.hw.name, s.shape.name,
+                       s.cards);
+  return fmt::format("simulated (profile {}, model {}, {} instances x {} cards, pool {})",
+                     s.hw.name, s.shape.name, s.instances, s.cards,
+                     s.shared_pool ? "shared" : "separate");
 }
 
 nlohmann::json serve_scenario_json(const ServeScenario& s) {
@@ -54,6 +58,9 @@ nlohmann::json serve_scenario_json(const ServeScenario& s) {
           {"ssd_rated_dwpd", s.rated_dwpd()},
           {"spill_rate_bytes_per_s", s.spill_rate},
           {"spread_ties", s.spread_ties},
+          {"instances", s.instances},
+          {"pool", s.shared_pool ? "shared" : "separate"},
+          {"routing", "by session (a session stays on its first instance), else round-robin"},
           {"figures", serve_label(s)},
           {"version", kVersion}};
 }
@@ -66,52 +73,69 @@ nlohmann::json serve_result_json(const ServeScenario& s, const ServeResult& r) {
     by_tier[kTierNames[t]] = {{"capacity", r.capacity_bytes[t]}, {"peak", r.peak_bytes[t]}};
     hits[kTierNames[t]] = k.hit_blocks_by_tier[t];
   }
+  hits["pool"] = r.pool_hit_blocks;
+  by_tier["pool"] = {{"capacity", r.pool_capacity_bytes}, {"peak", r.pool_peak_bytes}};
+  // The hit rate of each tier: tokens hit there / prompt tokens (own tiers by the lowest tier
+  // a slot was in, Admission::hit_blocks_by_tier).
+  nlohmann::json hit_rate;
+  const double prompt = k.prompt_tokens ? double(k.prompt_tokens) : 1.0;
+  for (int t = 0; t < kv::kTiers; ++t)
+    hit_rate[kTierNames[t]] = double(k.hit_blocks_by_tier[t]) * s.block_tokens / prompt;
+  hit_rate["pool"] = double(r.pool_hit_tokens) / prompt;
   for (int l = 0; l < 4; ++l)
     by_link[links[l]] = {{"bytes", r.links[l].bytes},
                          {"transfers", r.links[l].transfers},
                          {"busy_s", r.links[l].busy_s}};
   by_link["peer"] = {{"bytes_per_card", r.peer.bytes}, {"transfers", r.peer.transfers}};
-  return {
-      {"label", serve_label(s)},
-      {"policy", r.policy},
-      {"goodput_rps", r.goodput_rps},
-      {"throughput_rps", r.throughput_rps},
-      {"met_fraction", r.met_fraction},
-      {"ttft_ms", pct(r.ttft_ms)},
-      {"tpot_ms", pct(r.tpot_ms)},
-      {"kv_hit_rate", r.kv_hit_rate},
-      {"recomputed_share_of_hits", r.recomputed_share},
-      {"max_concurrency", r.max_concurrency},
-      {"bytes_by_tier", by_tier},
-      {"bytes_by_link", by_link},
-      {"requests", r.requests},
-      {"finished", r.finished},
-      {"too_large", r.too_large},
-      {"met", r.met},
-      {"stopped_early", r.stopped_early},
-      {"span_s", r.span_s},
-      {"makespan_s", r.makespan_s},
-      {"iterations", r.iterations},
-      {"busy_s", r.busy_s},
-      {"kv_stream_wait_s", r.kv_wait_s},
-      {"queue",
-       {{"queued", k.queued},
-        {"peak_queue", k.peak_queue},
-        {"refused_queue_full_retried", r.retried_submits},
-        {"admitted", k.admitted}}},
-      {"ssd_wear",
-       {{"bytes_written", r.ssd_wear.bytes_written},
-        {"drive_writes_per_day", r.ssd_wear.drive_writes_per_day},
-        {"rated_dwpd", r.ssd_wear.rated_dwpd}}},
-      {"spilled_bytes", r.spilled_bytes},
-      {"alerts", r.alerts},
-      {"first_alert_s", r.first_alert_s},
-      {"promoted_slots", {{"from_host", k.promoted_host_slots}, {"from_ssd", k.promoted_slots}}},
-      {"hits_by_tier_blocks", hits},
-      {"slo",
-       {{"ttft_ms", r.slo.ttft_ms},
-        {"ttft_prefill_factor", r.slo.ttft_prefill_factor},
-        {"tpot_ms", r.slo.tpot_ms}}}};
+  for (auto [name, l] : {std::pair{"net_rx", &r.net_rx}, {"net_tx", &r.net_tx}})
+    by_link[name] = {{"bytes", l->bytes}, {"transfers", l->transfers}, {"busy_s", l->busy_s}};
+  return {{"label", serve_label(s)},
+          {"policy", r.policy},
+          {"goodput_rps", r.goodput_rps},
+          {"throughput_rps", r.throughput_rps},
+          {"met_fraction", r.met_fraction},
+          {"ttft_ms", pct(r.ttft_ms)},
+          {"tpot_ms", pct(r.tpot_ms)},
+          {"kv_hit_rate", r.kv_hit_rate},
+          {"recomputed_share_of_hits", r.recomputed_share},
+          {"max_concurrency", r.max_concurrency},
+          {"bytes_by_tier", by_tier},
+          {"bytes_by_link", by_link},
+          {"requests", r.requests},
+          {"finished", r.finished},
+          {"too_large", r.too_large},
+          {"met", r.met},
+          {"stopped_early", r.stopped_early},
+          {"span_s", r.span_s},
+          {"makespan_s", r.makespan_s},
+          {"iterations", r.iterations},
+          {"busy_s", r.busy_s},
+          {"kv_stream_wait_s", r.kv_wait_s},
+          {"queue",
+           {{"queued", k.queued},
+            {"peak_queue", k.peak_queue},
+            {"refused_queue_full_retried", r.retried_submits},
+            {"admitted", k.admitted}}},
+          {"ssd_wear",
+           {{"bytes_written", r.ssd_wear.bytes_written},
+            {"drive_writes_per_day", r.ssd_wear.drive_writes_per_day},
+            {"rated_dwpd", r.ssd_wear.rated_dwpd}}},
+          {"spilled_bytes", r.spilled_bytes},
+          {"alerts", r.alerts},
+          {"first_alert_s", r.first_alert_s},
+          {"promoted_slots", {{"from_host", k.promoted_host_slots}, {"from_ssd", k.promoted_slots}}},
+          {"hits_by_tier_blocks", hits},
+          {"hit_rate_by_tier", hit_rate},
+          {"pool",
+           {{"shared", r.shared_pool},
+            {"instances", r.instances},
+            {"put_blocks", r.pool_put_blocks},
+            {"evicted_blocks", r.pool_evicted_blocks},
+            {"network_bytes", r.net_rx.bytes + r.net_tx.bytes}}},
+          {"slo",
+           {{"ttft_ms", r.slo.ttft_ms},
+            {"ttft_prefill_factor", r.slo.ttft_prefill_factor},
+            {"tpot_ms", r.slo.tpot_ms}}}};
 }
 
 nlohmann::json serve_sim_json(const ServeScenario& s, const ServeResult& r) {

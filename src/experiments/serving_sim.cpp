@@ -171,12 +171,18 @@ int li(Link l) {
 // false), unlike SimTransport's default shared one: almost every write is write-behind (Note
 // [Write-behind]), and a serving system lets a read that a request waits for go ahead of
 // them; NVMe drives serve both directions at once.
-ServingSim::ServingSim(const ServeScenario& s, std::uint64_t stop_after)
-    : s_(validated(s)), pol_(serve_policy(s.policy)), stop_after_(stop_after) {
+ServingSim::ServingSim(const ServeScenario& s, std::uint64_t stop_after, Fleet& fleet)
+    : s_(validated(s)), pol_(serve_policy(s.policy)), stop_after_(stop_after), fleet_(fleet) {
   res_.policy = s.policy;
   res_.slo = s.effective_slo();
   const auto& hw = s.hw;
   const double n = s.cards;
+  // Note [Pooled KV]: each card has nics_per_node / cards_per_node of the node's NICs.
+  net_rx_.model = {hw.network.bandwidth_practical.si * hw.nics_per_node.si /
+                       hw.node.cards_per_node.si * n,
+                   hw.network.latency.si};
+  net_tx_.model = net_rx_.model;
+  block_bytes_ = workload::analytic::kv_bytes_per_token(s.shape) * s.block_tokens;
   eff_flops_ = hw.device.peak_flops.si * hw.device.matmul_efficiency.si * n;
   const kv::KvConfig c = make_config();
   const double slot = double(geo_.slot_bytes());
@@ -299,6 +305,21 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
     const auto& table = bm().table(a.id);
     const std::uint64_t hit = std::min<std::uint64_t>(a.hit_tokens, q.prompt - 1);
     res_.per_request[a.id].hit_tokens = a.hit_tokens;
+    // Note [Pooled KV]: the blocks after the local hit run that the pool holds are fetched
+    // over the NIC into the slots the manager gave them, and the prefill skips them (the last
+    // prompt token is always computed, for the first output token).
+    std::uint64_t pooled = 0;
+    if (fleet_.pool && hit == a.hit_tokens) {
+      const std::size_t to = std::min<std::size_t>(a.prompt_full_blocks, (q.prompt - 1) / B);
+      const std::size_t got = fleet_.pool->lookup(q.keys, a.hit_blocks, to, clock_.now_ns());
+      if (got) {
+        pooled = got * B;
+        q.pool_ready_ns = net_rx_.book(clock_.now_ns(), got * block_bytes_);
+        res_.pool_hit_blocks += got;
+        res_.pool_hit_tokens += pooled;
+        res_.per_request[a.id].hit_tokens += pooled;
+      }
+    }
     std::vector<std::pair<std::uint64_t, std::uint64_t>> recompute;
     kv::RecomputeOrFetch choice(costs, pol_.recompute_choice);
     for (std::uint32_t i = 0; i < a.prompt_full_blocks && i < table.size(); ++i) {
@@ -323,7 +344,7 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
       promos.erase(it);
     }
     q.todo = std::move(recompute);
-    q.todo.push_back({hit, q.prompt});
+    q.todo.push_back({hit + pooled, q.prompt});
     // A running request's slots rest where the plan says once its actions are done (only
     // unreferenced blocks move after that).
     q.host_prefix.assign(table.size() + 1, 0.0);
@@ -335,6 +356,67 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
     }
   }
   poll();
+}
+
+// Note [Pooled KV]
+// With a shared pool (ServeScenario::shared_pool), a remote KV tier sits below every
+// instance's own HBM / DRAM / SSD: a Mooncake-Store-like pool of the nodes' DRAM
+// (pool.capacity_per_node of each node the instances occupy), holding token blocks by content
+// key (kv::block_keys: equal prefixes give equal keys on every instance), LRU. It is written
+// through: when an instance's prefill has computed a prompt, the prompt's full blocks the pool
+// lacks go out as one transfer on the instance's NIC (tx); they are readable by every
+// instance once it is through. At admission, the blocks after the instance's own hit run that
+// the pool holds are a pool hit: they are fetched as one transfer on the instance's NIC (rx),
+// by RDMA straight into the slots the block manager gave them (GPUDirect into HBM, or into
+// DRAM), and the request's prefill starts after them and once they are in. To the block
+// manager they are blocks it created, so they become local cache hits for later requests
+// (promoted to the local tiers). A NIC link is the one link model (mem::LinkSchedule over a
+// mem::LinkModel, as the stack's links): bandwidth = the instance's cards x nics_per_node /
+// cards_per_node x network.bandwidth_practical, latency = network.latency, rx and tx
+// independent. Not modelled: contention at the NIC of the node holding a block (a fetch is
+// charged to the reader's NIC only), a pool lookup's metadata round trip beyond the transfer
+// latency, recompute-or-fetch for pool blocks (they are always fetched), and the pool's DRAM
+// being taken from the nodes' DRAM tier (the profile's assumption leaves room for both).
+std::size_t KvPool::lookup(const std::vector<std::uint64_t>& keys, std::size_t from,
+                           std::size_t to, std::uint64_t t_ns) {
+  std::size_t got = 0;
+  for (std::size_t i = from; i < std::min(to, keys.size()); ++i, ++got) {
+    auto it = map_.find(keys[i]);
+    if (it == map_.end() || it->second.visible_ns > t_ns) break;
+    lru_.splice(lru_.end(), lru_, it->second.lru);
+  }
+  return got;
+}
+
+void KvPool::put(std::uint64_t key, std::uint64_t visible_ns) {
+  if (map_.contains(key)) return;
+  lru_.push_back(key);
+  map_[key] = {visible_ns, std::prev(lru_.end())};
+  while (map_.size() > capacity_) {
+    map_.erase(lru_.front());
+    lru_.pop_front();
+    ++evicted_;
+  }
+  peak_ = std::max<std::uint64_t>(peak_, map_.size());
+}
+
+std::uint64_t ServingSim::NetLink::book(std::uint64_t now_ns, std::uint64_t bytes) {
+  const mem::LinkSchedule::Slot slot = schedule.book(now_ns, bytes, model.bandwidth);
+  stats.bytes += bytes;
+  ++stats.transfers;
+  stats.busy_s += double(slot.free_ns - slot.start_ns) / 1e9;
+  return slot.free_ns + mem::seconds_to_ns(model.latency_s);
+}
+
+// Note [Pooled KV]: written through once the prefill has computed them, as one transfer.
+void ServingSim::put_prompt(Req& q) {
+  std::vector<std::uint64_t> fresh;
+  for (std::uint64_t k : q.keys)
+    if (!fleet_.pool->holds(k)) fresh.push_back(k);
+  if (fresh.empty()) return;
+  const std::uint64_t done = net_tx_.book(clock_.now_ns(), fresh.size() * block_bytes_);
+  for (std::uint64_t k : fresh) fleet_.pool->put(k, done);
+  res_.pool_put_blocks += fresh.size();
 }
 
 void ServingSim::submit(std::size_t i) {
@@ -406,7 +488,7 @@ void ServingSim::spill() {
   poll();
 }
 
-ServeResult ServingSim::run() {
+void ServingSim::start() {
   const std::size_t n = s_.requests.size();
   reqs_.resize(n);
   res_.per_request.resize(n);
@@ -418,167 +500,153 @@ ServeResult ServingSim::run() {
     q.arrival = arrival_ms[i] / 1e3 / s_.rate_scale;
     q.prompt = q.r->prompt_tokens();
     q.output = std::max<std::uint32_t>(1, q.r->output_tokens);
+    if (fleet_.pool) q.keys = kv::block_keys(q.r->prompt, s_.block_tokens);
     res_.per_request[i].arrival_s = q.arrival;
     res_.per_request[i].ttft_slo_s = std::max(
         res_.slo.ttft_ms / 1e3, res_.slo.ttft_prefill_factor > 0
                                     ? res_.slo.ttft_prefill_factor * prefill_seconds(s_, q.prompt)
                                     : 0.0);
   }
-  const double B = s_.block_tokens;
-  std::size_t next = 0;
   now_ = n ? reqs_[0].arrival : 0;
   advance(now_);
   last_spill_ = now_;
-  std::vector<std::pair<std::size_t, std::uint64_t>> batch;
-  while (!stopped_) {
-    while (next < n && reqs_[next].arrival <= now_) {
-      if (backlog_.empty())
-        submit(next);
-      else
-        backlog_.push_back(next);  // behind earlier refused requests
-      ++next;
-    }
-    spill();
-    // Note [Continuous batching]: decodes first, then prefill chunks.
-    Work w;
-    batch.clear();  // (request, prefill tokens taken; 0 = one decode token)
-    std::uint64_t budget = s_.max_batch_tokens;
-    bool waiting = false;  // a prefill waits for its blocks' actions
-    auto streamed = [&](const Req& q, double tokens) {  // DRAM KV under the first `tokens`
-      const auto blocks = static_cast<std::size_t>(std::ceil(tokens / B));
-      return q.host_prefix[std::min(q.host_prefix.size() - 1, blocks)];
-    };
-    for (std::size_t i : running_) {
-      const Req& q = reqs_[i];
-      if (!q.todo.empty() || batch.size() >= s_.max_running || budget == 0) continue;
-      const double ctx = double(q.prompt + q.generated - 1);
-      add_tokens(s_, w, ctx, 1, true);
-      w.host_kv_bytes += streamed(q, ctx + 1);
-      batch.push_back({i, 0});
-      --budget;
-    }
-    for (std::size_t i : running_) {
-      const Req& q = reqs_[i];
-      if (q.todo.empty() || budget == 0 || batch.size() >= s_.max_running) continue;
-      if (!q.ready && !(reqs_[i].ready = store_->ready(i))) {
-        waiting = true;
-        continue;
-      }
-      const auto [b, e] = q.todo.front();
-      const std::uint64_t take = std::min<std::uint64_t>(budget, e - b);
-      add_tokens(s_, w, double(b), double(take), q.todo.size() == 1 && b + take == e);
-      w.host_kv_bytes += streamed(q, double(b + take));
-      budget -= take;
-      batch.push_back({i, take});
-    }
-    if (batch.empty()) {
-      double t = std::numeric_limits<double>::infinity();
-      if (next < n) t = reqs_[next].arrival;
-      if (waiting)
-        if (auto e = clock_.next_time()) t = std::min(t, double(*e) / 1e9);
-      if (!std::isfinite(t)) {
-        if (!running_.empty() || !backlog_.empty() || bm().queue_length())
-          throw std::logic_error("serve: requests wait but nothing can run");
-        break;
-      }
-      if (waiting && s_.observer && t > now_)  // the next iteration waits for KV blocks
-        s_.observer->stall(0, res_.iterations, res_.iterations, now_, t);
-      now_ = std::max(now_, t);
-      advance(now_);
+}
+
+bool ServingSim::step() {
+  if (stopped()) return false;
+  const std::size_t n = reqs_.size();
+  const double B = s_.block_tokens;
+  while (next_ < n && reqs_[next_].arrival <= now_) {
+    if (backlog_.empty())
+      submit(next_);
+    else
+      backlog_.push_back(next_);  // behind earlier refused requests
+    ++next_;
+  }
+  spill();
+  // Note [Continuous batching]: decodes first, then prefill chunks.
+  Work w;
+  batch_.clear();  // (request, prefill tokens taken; 0 = one decode token)
+  std::uint64_t budget = s_.max_batch_tokens;
+  bool waiting = false;  // a prefill waits for its blocks' actions
+  std::uint64_t pool_wait = std::numeric_limits<std::uint64_t>::max();  // earliest pool fetch
+  auto streamed = [&](const Req& q, double tokens) {  // DRAM KV under the first `tokens`
+    const auto blocks = static_cast<std::size_t>(std::ceil(tokens / B));
+    return q.host_prefix[std::min(q.host_prefix.size() - 1, blocks)];
+  };
+  for (std::size_t i : running_) {
+    const Req& q = reqs_[i];
+    if (!q.todo.empty() || batch_.size() >= s_.max_running || budget == 0) continue;
+    const double ctx = double(q.prompt + q.generated - 1);
+    add_tokens(s_, w, ctx, 1, true);
+    w.host_kv_bytes += streamed(q, ctx + 1);
+    batch_.push_back({i, 0});
+    --budget;
+  }
+  for (std::size_t i : running_) {
+    const Req& q = reqs_[i];
+    if (q.todo.empty() || budget == 0 || batch_.size() >= s_.max_running) continue;
+    if (!q.ready && !(reqs_[i].ready = store_->ready(i))) {
+      waiting = true;
       continue;
     }
-    // HBM-resident KV is read at HBM speed; DRAM-resident KV is streamed.
-    // Whole DRAM blocks against a per-token count: never below zero.
-    w.hbm_bytes = std::max(0.0, w.hbm_bytes - w.host_kv_bytes);
-    const double compute = iteration_compute_s(s_, w);
-    double end = now_ + compute;
-    if (w.host_kv_bytes > 0) {  // Note [KV streaming], on the stack's h2d link
-      const std::uint64_t fetched =
-          stack_->transport.book(Link::h2d, static_cast<std::uint64_t>(w.host_kv_bytes));
-      end = std::max(end, double(fetched) / 1e9 + compute / geo_.groups());
+    if (q.pool_ready_ns > clock_.now_ns()) {  // Note [Pooled KV]: the fetch is not through
+      pool_wait = std::min(pool_wait, q.pool_ready_ns);
+      continue;
     }
-    if (s_.observer) {  // the iteration as one op of the group, its KV streaming as a stall
-      bool prefill = false, decode = false;
-      for (const auto& [i, take] : batch) (take ? prefill : decode) = true;
-      const double n = s_.cards;
-      const engine::OpWork work{w.flops / n, (weight_bytes(s_.shape) + w.hbm_bytes) / n};
-      s_.observer->op(0, res_.iterations, res_.iterations,
-                      prefill && decode ? "prefill+decode"
-                      : prefill         ? "prefill"
-                                        : "decode",
-                      work, now_, now_ + compute);
-      if (end > now_ + compute)
-        s_.observer->stall(0, res_.iterations, res_.iterations, now_ + compute, end);
+    const auto [b, e] = q.todo.front();
+    const std::uint64_t take = std::min<std::uint64_t>(budget, e - b);
+    add_tokens(s_, w, double(b), double(take), q.todo.size() == 1 && b + take == e);
+    w.host_kv_bytes += streamed(q, double(b + take));
+    budget -= take;
+    batch_.push_back({i, take});
+  }
+  if (batch_.empty()) {
+    double t = std::numeric_limits<double>::infinity();
+    if (next_ < n) t = reqs_[next_].arrival;
+    if (waiting)
+      if (auto e = clock_.next_time()) t = std::min(t, double(*e) / 1e9);
+    if (pool_wait != std::numeric_limits<std::uint64_t>::max())
+      t = std::min(t, double(pool_wait) / 1e9);
+    if (!std::isfinite(t)) {
+      if (!running_.empty() || !backlog_.empty() || bm().queue_length())
+        throw std::logic_error("serve: requests wait but nothing can run");
+      return false;
     }
-    res_.busy_s += end - now_;
-    res_.kv_wait_s += std::max(0.0, end - now_ - compute);
-    ++res_.iterations;
-    if (s_.cards > 1) {
-      const double msg = w.tokens * s_.shape.d_model * 2.0;
-      res_.peer.bytes +=
-          static_cast<std::uint64_t>(2.0 * s_.shape.layers * 2.0 * msg * (s_.cards - 1) / s_.cards);
-      res_.peer.transfers += 4ull * s_.shape.layers * (s_.cards - 1);
-    }
-    now_ = end;
+    if (waiting && s_.observer && t > now_)  // the next iteration waits for KV blocks
+      s_.observer->stall(0, res_.iterations, res_.iterations, now_, t);
+    now_ = std::max(now_, t);
     advance(now_);
-    // Apply the iteration's progress, then retire finished requests.
-    std::vector<std::size_t> finished;
-    for (const auto& [i, take] : batch) {
-      Req& q = reqs_[i];
-      if (take == 0) {
-        if (++q.generated >= q.output) finished.push_back(i);
-        continue;
-      }
-      auto& front = q.todo.front();
-      front.first += take;
-      if (front.first == front.second) q.todo.erase(q.todo.begin());
-      if (q.todo.empty()) {  // prefill done: the first token
-        ServeRequestResult& r = res_.per_request[i];
-        r.first_token_s = now_;
-        q.generated = 1;
-        if (now_ - r.arrival_s > r.ttft_slo_s) {  // count it now: an earlier stop
-          q.missed = true;
-          miss();
-        }
-        if (q.generated >= q.output) finished.push_back(i);
-      }
-    }
-    for (std::size_t i : finished) {
-      running_.erase(std::find(running_.begin(), running_.end(), i));
-      finish(i);
-    }
-    if (next >= n && running_.empty() && backlog_.empty() && bm().queue_length() == 0) break;
+    return true;
   }
-  res_.stopped_early = stopped_;
-  if (!stopped_) store_->drain();  // the write-behind still under way: its bytes count
-  // Summaries.
-  std::vector<double> ttft, tpot;
-  double first = n ? reqs_[0].arrival : 0, last_arrival = first, last_finish = first;
-  for (std::size_t i = 0; i < n; ++i) {
-    const ServeRequestResult& r = res_.per_request[i];
-    last_arrival = std::max(last_arrival, r.arrival_s);
-    if (r.finish_s < 0) continue;
-    last_finish = std::max(last_finish, r.finish_s);
-    ttft.push_back(1e3 * (r.first_token_s - r.arrival_s));
-    if (reqs_[i].output > 1)
-      tpot.push_back(1e3 * (r.finish_s - r.first_token_s) / (reqs_[i].output - 1));
-    res_.met += r.met;
+  // HBM-resident KV is read at HBM speed; DRAM-resident KV is streamed.
+  // Whole DRAM blocks against a per-token count: never below zero.
+  w.hbm_bytes = std::max(0.0, w.hbm_bytes - w.host_kv_bytes);
+  const double compute = iteration_compute_s(s_, w);
+  double end = now_ + compute;
+  if (w.host_kv_bytes > 0) {  // Note [KV streaming], on the stack's h2d link
+    const std::uint64_t fetched =
+        stack_->transport.book(Link::h2d, static_cast<std::uint64_t>(w.host_kv_bytes));
+    end = std::max(end, double(fetched) / 1e9 + compute / geo_.groups());
   }
-  res_.ttft_ms = Percentiles::of(std::move(ttft));
-  res_.tpot_ms = Percentiles::of(std::move(tpot));
-  res_.span_s = last_arrival - first;
-  res_.makespan_s = last_finish - first;
-  res_.met_fraction = n ? double(res_.met) / double(n) : 0;
-  // A one-instant trace has no span: its goodput is taken over the makespan.
-  const double span = res_.span_s > 0 ? res_.span_s : res_.makespan_s;
-  res_.goodput_rps = span > 0 ? double(res_.met) / span : 0;
-  res_.throughput_rps = res_.makespan_s > 0 ? double(res_.finished) / res_.makespan_s : 0;
+  if (s_.observer) {  // the iteration as one op of the group, its KV streaming as a stall
+    bool prefill = false, decode = false;
+    for (const auto& [i, take] : batch_) (take ? prefill : decode) = true;
+    const double n = s_.cards;
+    const engine::OpWork work{w.flops / n, (weight_bytes(s_.shape) + w.hbm_bytes) / n};
+    s_.observer->op(0, res_.iterations, res_.iterations,
+                    prefill && decode ? "prefill+decode"
+                    : prefill         ? "prefill"
+                                      : "decode",
+                    work, now_, now_ + compute);
+    if (end > now_ + compute)
+      s_.observer->stall(0, res_.iterations, res_.iterations, now_ + compute, end);
+  }
+  res_.busy_s += end - now_;
+  res_.kv_wait_s += std::max(0.0, end - now_ - compute);
+  ++res_.iterations;
+  if (s_.cards > 1) {
+    const double msg = w.tokens * s_.shape.d_model * 2.0;
+    res_.peer.bytes +=
+        static_cast<std::uint64_t>(2.0 * s_.shape.layers * 2.0 * msg * (s_.cards - 1) / s_.cards);
+    res_.peer.transfers += 4ull * s_.shape.layers * (s_.cards - 1);
+  }
+  now_ = end;
+  advance(now_);
+  // Apply the iteration's progress, then retire finished requests.
+  std::vector<std::size_t> finished;
+  for (const auto& [i, take] : batch_) {
+    Req& q = reqs_[i];
+    if (take == 0) {
+      if (++q.generated >= q.output) finished.push_back(i);
+      continue;
+    }
+    auto& front = q.todo.front();
+    front.first += take;
+    if (front.first == front.second) q.todo.erase(q.todo.begin());
+    if (q.todo.empty()) {  // prefill done: the first token
+      ServeRequestResult& r = res_.per_request[i];
+      r.first_token_s = now_;
+      q.generated = 1;
+      if (now_ - r.arrival_s > r.ttft_slo_s) {  // count it now: an earlier stop
+        q.missed = true;
+        miss();
+      }
+      if (fleet_.pool) put_prompt(q);
+      if (q.generated >= q.output) finished.push_back(i);
+    }
+  }
+  for (std::size_t i : finished) {
+    running_.erase(std::find(running_.begin(), running_.end(), i));
+    finish(i);
+  }
+  return !(next_ >= n && running_.empty() && backlog_.empty() && bm().queue_length() == 0);
+}
+
+ServeResult ServingSim::result() {
+  res_.stopped_early = stopped();
+  if (!res_.stopped_early) store_->drain();  // the write-behind still under way: its bytes count
   res_.kv = bm().stats();
-  res_.kv_hit_rate =
-      res_.kv.prompt_tokens ? double(res_.kv.hit_tokens) / double(res_.kv.prompt_tokens) : 0;
-  std::uint64_t recomputed = 0;
-  for (const auto& r : res_.per_request) recomputed += r.recomputed_tokens;
-  res_.recomputed_share = res_.kv.hit_tokens ? double(recomputed) / double(res_.kv.hit_tokens) : 0;
   for (int t = 0; t < kv::kTiers; ++t) {
     const kv::TierUse u = bm().use(static_cast<Tier>(t));
     res_.capacity_bytes[t] = u.capacity * geo_.slot_bytes();
@@ -588,6 +656,8 @@ ServeResult ServingSim::run() {
     const sim::SimLinkStats& st = stack_->transport.link(l);
     res_.links[li(l)] = {st.bytes, st.transfers, double(st.busy_ns) / 1e9};
   }
+  res_.net_rx = net_rx_.stats;
+  res_.net_tx = net_tx_.stats;
   res_.spilled_bytes = res_.kv.spilled_bytes;
   res_.alerts = res_.kv.alerts;
   return res_;
@@ -597,10 +667,186 @@ ServeResult ServingSim::run() {
 
 namespace u3m::experiments {
 
+void summarize_serving(const ServeScenario& s, ServeResult& r) {
+  const std::size_t n = r.per_request.size();
+  std::vector<double> ttft, tpot;
+  double first = n ? r.per_request[0].arrival_s : 0, last_arrival = first, last_finish = first;
+  std::uint64_t recomputed = 0;
+  r.met = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const ServeRequestResult& q = r.per_request[i];
+    recomputed += q.recomputed_tokens;
+    last_arrival = std::max(last_arrival, q.arrival_s);
+    if (q.finish_s < 0) continue;
+    last_finish = std::max(last_finish, q.finish_s);
+    ttft.push_back(1e3 * (q.first_token_s - q.arrival_s));
+    const std::uint32_t output = std::max<std::uint32_t>(1, s.requests[i].output_tokens);
+    if (output > 1) tpot.push_back(1e3 * (q.finish_s - q.first_token_s) / (output - 1));
+    r.met += q.met;
+  }
+  r.ttft_ms = Percentiles::of(std::move(ttft));
+  r.tpot_ms = Percentiles::of(std::move(tpot));
+  r.span_s = last_arrival - first;
+  r.makespan_s = last_finish - first;
+  r.met_fraction = n ? double(r.met) / double(n) : 0;
+  // A one-instant trace has no span: its goodput is taken over the makespan.
+  const double span = r.span_s > 0 ? r.span_s : r.makespan_s;
+  r.goodput_rps = span > 0 ? double(r.met) / span : 0;
+  r.throughput_rps = r.makespan_s > 0 ? double(r.finished) / r.makespan_s : 0;
+  r.kv_hit_rate = r.kv.prompt_tokens
+                      ? double(r.kv.hit_tokens + r.pool_hit_tokens) / double(r.kv.prompt_tokens)
+                      : 0;
+  r.recomputed_share = r.kv.hit_tokens ? double(recomputed) / double(r.kv.hit_tokens) : 0;
+}
+
+namespace {
+
+void add_link(ServeLinkStats& a, const ServeLinkStats& b) {
+  a.bytes += b.bytes;
+  a.transfers += b.transfers;
+  a.busy_s += b.busy_s;
+}
+
+// An instance's counters into the fleet's: sums, and the largest for peaks.
+void add_counters(ServeResult& a, const ServeResult& b) {
+  a.finished += b.finished;
+  a.too_large += b.too_large;
+  a.stopped_early = a.stopped_early || b.stopped_early;
+  a.max_concurrency = std::max(a.max_concurrency, b.max_concurrency);
+  a.iterations += b.iterations;
+  a.busy_s += b.busy_s;
+  a.kv_wait_s += b.kv_wait_s;
+  for (int t = 0; t < kv::kTiers; ++t) {
+    a.capacity_bytes[t] += b.capacity_bytes[t];
+    a.peak_bytes[t] += b.peak_bytes[t];
+  }
+  for (std::size_t l = 0; l < a.links.size(); ++l) add_link(a.links[l], b.links[l]);
+  add_link(a.peer, b.peer);
+  add_link(a.net_rx, b.net_rx);
+  add_link(a.net_tx, b.net_tx);
+  a.pool_hit_blocks += b.pool_hit_blocks;
+  a.pool_hit_tokens += b.pool_hit_tokens;
+  a.pool_put_blocks += b.pool_put_blocks;
+  a.retried_submits += b.retried_submits;
+  a.spilled_bytes += b.spilled_bytes;
+  a.alerts += b.alerts;
+  if (b.first_alert_s >= 0 && (a.first_alert_s < 0 || b.first_alert_s < a.first_alert_s))
+    a.first_alert_s = b.first_alert_s;
+  kv::KvStats& k = a.kv;
+  const kv::KvStats& o = b.kv;
+  for (auto [x, y] : {std::pair{&k.submitted, o.submitted}, {&k.admitted, o.admitted},
+                      {&k.queued, o.queued}, {&k.refused_queue_full, o.refused_queue_full},
+                      {&k.refused_too_large, o.refused_too_large}, {&k.finished, o.finished},
+                      {&k.prompt_tokens, o.prompt_tokens}, {&k.lookup_blocks, o.lookup_blocks},
+                      {&k.hit_blocks, o.hit_blocks}, {&k.hit_tokens, o.hit_tokens},
+                      {&k.adopted_blocks, o.adopted_blocks}, {&k.new_blocks, o.new_blocks},
+                      {&k.private_blocks, o.private_blocks},
+                      {&k.promoted_slots, o.promoted_slots},
+                      {&k.promoted_host_slots, o.promoted_host_slots},
+                      {&k.dropped_blocks, o.dropped_blocks}, {&k.spilled_slots, o.spilled_slots},
+                      {&k.spilled_bytes, o.spilled_bytes}, {&k.alerts, o.alerts},
+                      {&k.failed_actions, o.failed_actions},
+                      {&k.cancelled_actions, o.cancelled_actions},
+                      {&k.aborted_admissions, o.aborted_admissions},
+                      {&k.damaged_blocks, o.damaged_blocks}})
+    *x += y;
+  for (auto [x, y] : {std::pair{&k.peak_referenced_slots, o.peak_referenced_slots},
+                      {&k.peak_running, o.peak_running}, {&k.peak_queue, o.peak_queue}})
+    *x = std::max(*x, y);
+  for (int t = 0; t < kv::kTiers; ++t) {
+    k.hit_blocks_by_tier[t] += o.hit_blocks_by_tier[t];
+    k.demoted_slots[t] += o.demoted_slots[t];
+  }
+}
+
+}  // namespace
+
+// Note [Instances and the pool]
+// `instances` serving instances of `cards` cards each, on ceil(instances x cards /
+// cards_per_node) nodes, split the trace by session affinity: a session's first request goes
+// to the next instance in round-robin order and its later requests follow it (a conversation
+// keeps its instance, as prefix- and session-aware routers do); a request with no session (the
+// Mooncake trace has none) takes the next instance in turn. Arrival times are the whole
+// trace's (Note [Coarse timestamps] is applied before the split). Each instance is the one
+// ServingSim on its own clock and stack; they meet only in the pool. They advance in step:
+// the instance whose clock is furthest behind runs its next iteration, so a pool lookup at t
+// sees every put another instance finished by t, except puts made by an instance during an
+// iteration it has begun and not yet finished (at most one iteration's worth, never a block
+// from the future). Goodput, latencies and hit rates are over the whole trace, with the one
+// definition of summarize_serving; counters are summed over the instances.
 ServeResult simulate_serving(const ServeScenario& s, std::uint64_t stop_after_misses) {
-  ServeResult r = serve::ServingSim(s, stop_after_misses).run();
-  account_ssd_wear(s, r);
-  return r;
+  s.validate();
+  const std::uint32_t n = s.instances;
+  if (s.observer && n > 1)
+    input_error("--timeline", "records one instance; run with --instances 1");
+  std::vector<ServeScenario> subs(n, s);
+  std::vector<std::vector<std::size_t>> which(n);  // trace index of each instance's requests
+  const std::vector<double> arrival_ms = spread_arrivals(s.requests, s.spread_ties);
+  std::unordered_map<std::string, std::uint32_t> session_of;
+  std::uint32_t turn = 0;
+  for (auto& sub : subs) {
+    sub.requests.clear();
+    sub.spread_ties = false;  // spread once, over the whole trace
+    sub.instances = 1;
+  }
+  for (std::size_t i = 0; i < s.requests.size(); ++i) {
+    const workload::ServeRequest& r = s.requests[i];
+    std::uint32_t k = turn;
+    if (r.session.empty() || !session_of.contains(r.session)) {
+      turn = (turn + 1) % n;
+      if (!r.session.empty()) session_of[r.session] = k;
+    } else {
+      k = session_of[r.session];
+    }
+    subs[k].requests.push_back(r);
+    subs[k].requests.back().timestamp_ms = arrival_ms[i];
+    which[k].push_back(i);
+  }
+  const double nodes = std::ceil(double(n) * s.cards / s.hw.node.cards_per_node.si);
+  const std::uint64_t block_bytes =
+      workload::analytic::kv_bytes_per_token(s.shape) * s.block_tokens;
+  std::unique_ptr<serve::KvPool> pool;
+  if (s.shared_pool)
+    pool = std::make_unique<serve::KvPool>(static_cast<std::uint64_t>(
+        nodes * s.hw.pool.capacity_per_node.si / static_cast<double>(block_bytes)));
+  serve::Fleet fleet{pool.get(), 0};
+  std::vector<std::unique_ptr<serve::ServingSim>> sims;
+  for (std::uint32_t k = 0; k < n; ++k)
+    if (!subs[k].requests.empty()) {
+      sims.push_back(std::make_unique<serve::ServingSim>(subs[k], stop_after_misses, fleet));
+      sims.back()->start();
+    }
+  std::vector<bool> active(sims.size(), true);
+  for (;;) {
+    std::size_t pick = sims.size();
+    for (std::size_t k = 0; k < sims.size(); ++k)
+      if (active[k] && (pick == sims.size() || sims[k]->now() < sims[pick]->now())) pick = k;
+    if (pick == sims.size()) break;
+    active[pick] = sims[pick]->step();
+  }
+  ServeResult out;
+  out.per_request.resize(s.requests.size());
+  out.requests = s.requests.size();
+  out.instances = n;
+  out.shared_pool = s.shared_pool;
+  for (std::size_t k = 0, used = 0; k < n; ++k) {
+    if (which[k].empty()) continue;
+    const ServeResult r = sims[used++]->result();
+    if (used == 1) {
+      out.policy = r.policy;
+      out.slo = r.slo;
+    }
+    add_counters(out, r);
+    for (std::size_t j = 0; j < which[k].size(); ++j) out.per_request[which[k][j]] = r.per_request[j];
+  }
+  if (pool) {
+    out.pool_capacity_bytes = pool->capacity_blocks() * block_bytes;
+    out.pool_peak_bytes = pool->peak_blocks() * block_bytes;
+    out.pool_evicted_blocks = pool->evicted();
+  }
+  summarize_serving(s, out);
+  account_ssd_wear(s, out);
+  return out;
 }
 
 }  // namespace u3m::experiments

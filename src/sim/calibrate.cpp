@@ -276,6 +276,9 @@ HwProfile profile_from_measurements(const Measurements& m, const CalibrateOption
     return p;
   };
   auto measured = [&](std::string_view what) { return fmt::format("measured {}: {}", by, what); };
+  auto not_measured = [&](std::string_view what) {
+    return fmt::format("not measured {}: {}", by, what);
+  };
   const double traffic = 2 * m.memcpy_bytes_per_s;
   const std::string ssd_mode =
       m.ssd_direct_io ? "O_DIRECT" : "buffered (no O_DIRECT here; reads may hit the page cache)";
@@ -341,6 +344,17 @@ HwProfile profile_from_measurements(const Measurements& m, const CalibrateOption
   p.ssd.warranty =
       param(5 * 31536000.0, Dim::time, "year", "assumption, not measured: a 5-year rating span");
   p.node.cards_per_node = param(1, Dim::count, "count", measured("one emulated device"));
+  // One machine has no inter-node network or shared pool: the host link and the machine's
+  // memory stand in, and the sources say they were not measured as such.
+  p.network = p.host_link;
+  p.network.kind = "none (one machine; the device-emu copy link stands in)";
+  for (Param* q : {&p.network.bandwidth_theoretical, &p.network.bandwidth_practical,
+                   &p.network.latency})
+    q->source = not_measured("one machine has no network; taken equal to the host link");
+  p.nics_per_node = param(1, Dim::count, "count", not_measured("one machine, one link"));
+  p.pool.capacity_per_node = p.host.dram_capacity;
+  p.pool.capacity_per_node.source =
+      not_measured("one machine has no shared pool; taken equal to its physical memory");
   p.origin = "u3m hw calibrate";
   return p;
 }

@@ -59,6 +59,11 @@ constexpr std::array kParams = {
     U3M_PARAM("ssd", "write_latency", time, p.ssd.write_latency),
     U3M_PARAM("ssd", "drives_per_node", count, p.ssd.drives_per_node),
     U3M_PARAM("node", "cards_per_node", count, p.node.cards_per_node),
+    U3M_PARAM("network", "bandwidth_theoretical", bandwidth, p.network.bandwidth_theoretical),
+    U3M_PARAM("network", "bandwidth_practical", bandwidth, p.network.bandwidth_practical),
+    U3M_PARAM("network", "latency", time, p.network.latency),
+    U3M_PARAM("network", "nics_per_node", count, p.nics_per_node),
+    U3M_PARAM("pool", "capacity_per_node", bytes, p.pool.capacity_per_node),
 };
 #undef U3M_PARAM
 
@@ -73,6 +78,7 @@ constexpr std::array kTexts = {
     U3M_TEXT("host_link", "kind", p.host_link.kind),
     U3M_TEXT("peer_link", "kind", p.peer_link.kind),
     U3M_TEXT("ssd", "model", p.ssd.model),
+    U3M_TEXT("network", "kind", p.network.kind),
 };
 #undef U3M_TEXT
 
@@ -309,6 +315,7 @@ HwProfile parse_profile(std::string_view text, std::string_view where) {
   }
   check_link(p.host_link, "host_link", where);
   check_link(p.peer_link, "peer_link", where);
+  check_link(p.network, "network", where);
   p.origin = std::string(where);
   return p;
 }

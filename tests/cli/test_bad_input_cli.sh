@@ -311,6 +311,8 @@ serve_common() {  # CMD... (a valid base without --requests)
   run_bad "$* --block-tokens 0" "--block-tokens" "$@" "${R[@]}" --block-tokens 0
   run_bad "$* --block-tokens huge" "--block-tokens" "$@" "${R[@]}" --block-tokens 4000000000
   run_bad "$* --max-batch-tokens 0" "--max-batch-tokens" "$@" "${R[@]}" --max-batch-tokens 0
+  for v in 0 9 -1 2.5 abc; do run_bad "$* --instances $v" "--instances" "$@" "${R[@]}" --instances "$v"; done
+  for v in pooled "" SHARED; do run_bad "$* --pool '$v'" "--pool" "$@" "${R[@]}" --pool "$v"; done
   for v in 0 1.5 -1; do run_bad "$* --meet-fraction $v" "--meet-fraction" "$@" "${R[@]}" --meet-fraction "$v"; done
   for f in --slo-ttft-ms --slo-tpot-ms; do run_bad "$* $f -1" "$f" "$@" "${R[@]}" $f -1; done
   run_bad "$* --slo-ttft-factor -2" "--slo-ttft-factor" "$@" "${R[@]}" --slo-ttft-factor -2

@@ -11,6 +11,7 @@
 
 #include "cli_testing.hpp"
 #include "u3m/experiments/serve.hpp"
+#include "u3m/mem/link.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/util/version.hpp"
 #include "u3m/workload/analytic.hpp"
@@ -238,6 +239,92 @@ TEST(ServeCapacity, HighestRateMeetingTheSlosIsBracketed) {
   ServeScenario tight = s;
   tight.slo.ttft_ms = 10;
   EXPECT_LE(serving_capacity(tight, {"hbm-only"})[0].rate_scale, r.rate_scale);
+}
+
+// Two instances, round-robin: requests 0 and 2 go to instance 0, 1 and 3 to instance 1. All
+// four share a 4096-token prefix (32 blocks); arrivals 5 s apart, so each runs alone.
+ServeScenario two_instances(bool shared, bool same_prefix) {
+  ServeScenario s = base("llama3-8b", "u3m");
+  s.instances = 2;
+  s.shared_pool = shared;
+  for (int i = 0; i < 4; ++i)
+    s.requests.push_back(req(5000.0 * i,
+                             {{same_prefix ? "sys" : "sys" + std::to_string(i), 4096},
+                              {"q" + std::to_string(i), 100}},
+                             4));
+  return s;
+}
+
+TEST(ServePool, PooledBeatsSeparateWhenAPrefixSpansInstances) {
+  const ServeResult sep = simulate_serving(two_instances(false, true));
+  const ServeResult pool = simulate_serving(two_instances(true, true));
+  ASSERT_EQ(sep.finished, 4u);
+  ASSERT_EQ(pool.finished, 4u);
+  // Separate: request 1 is instance 1's first, a miss; 2 and 3 hit their own instance.
+  EXPECT_EQ(sep.per_request[1].hit_tokens, 0u);
+  EXPECT_EQ(sep.per_request[3].hit_tokens, 4096u);
+  EXPECT_EQ(sep.pool_hit_tokens, 0u);
+  EXPECT_EQ(sep.net_rx.bytes + sep.net_tx.bytes, 0u);
+  // Pooled: request 1 reads instance 0's prefix from the pool; 2 and 3 still hit locally.
+  EXPECT_EQ(pool.per_request[1].hit_tokens, 4096u);
+  EXPECT_EQ(pool.pool_hit_tokens, 4096u);
+  EXPECT_EQ(pool.pool_hit_blocks, 32u);
+  EXPECT_GT(pool.kv_hit_rate, sep.kv_hit_rate);
+  EXPECT_NEAR(pool.kv_hit_rate - sep.kv_hit_rate, 4096.0 / (4 * 4196), 1e-12);
+  EXPECT_LT(pool.per_request[1].first_token_s, sep.per_request[1].first_token_s);
+
+  // The fetch costs exactly the link model's bytes / bandwidth + latency on the instance's
+  // NICs: request 1 computes the same 100 tokens as request 3 (a local HBM hit) and waits for
+  // the fetch first.
+  const ServeScenario s = two_instances(true, true);
+  const double bw = s.hw.network.bandwidth_practical.si * s.hw.nics_per_node.si /
+                    s.hw.node.cards_per_node.si * s.cards;
+  const std::uint64_t bytes = 32ull * 128 * workload::analytic::kv_bytes_per_token(s.shape);
+  EXPECT_EQ(pool.net_rx.bytes, bytes);
+  EXPECT_EQ(pool.net_rx.transfers, 1u);
+  const double fetch_s =
+      double(mem::seconds_to_ns(double(bytes) / bw) + mem::seconds_to_ns(s.hw.network.latency.si)) /
+      1e9;
+  const auto ttft = [&](int i) {
+    return pool.per_request[i].first_token_s - pool.per_request[i].arrival_s;
+  };
+  EXPECT_NEAR(ttft(1) - ttft(3), fetch_s, 1e-9);
+  EXPECT_GT(fetch_s, s.hw.network.latency.si);  // the bytes count, not only the latency
+  // Every prompt block went to the pool once (the shared prefix once, each question's
+  // partial block never: only full blocks are shareable).
+  EXPECT_EQ(pool.pool_put_blocks, 32u);
+  EXPECT_EQ(pool.net_tx.bytes, bytes);
+}
+
+TEST(ServePool, PooledEqualsSeparateWithoutSharing) {
+  const ServeResult sep = simulate_serving(two_instances(false, false));
+  const ServeResult pool = simulate_serving(two_instances(true, false));
+  EXPECT_EQ(pool.pool_hit_tokens, 0u);
+  EXPECT_EQ(pool.kv_hit_rate, sep.kv_hit_rate);
+  EXPECT_EQ(pool.goodput_rps, sep.goodput_rps);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(pool.per_request[i].first_token_s, sep.per_request[i].first_token_s) << i;
+    EXPECT_EQ(pool.per_request[i].finish_s, sep.per_request[i].finish_s) << i;
+  }
+  EXPECT_EQ(pool.pool_put_blocks, 4u * 32);  // written, never read
+  EXPECT_EQ(pool.net_rx.bytes, 0u);
+}
+
+TEST(ServePool, InstancesSplitTheLoadAndAreBounded) {
+  // Three separate instances serve every request of the RAG trace (its sessions pinned to
+  // one instance each) and none waits longer than on one instance; more than 8 is refused.
+  ServeScenario s = base("llama3-8b", "u3m");
+  s.requests = rag(30, 20);
+  const ServeResult a = simulate_serving(s);
+  s.instances = 3;
+  const ServeResult b = simulate_serving(s);
+  EXPECT_EQ(a.finished, 30u);
+  EXPECT_EQ(b.finished, 30u);
+  EXPECT_EQ(b.instances, 3u);
+  // Three instances share the load: nothing waits longer than on one.
+  EXPECT_LE(b.ttft_ms.p99, a.ttft_ms.p99 + 1e-9);
+  s.instances = 9;
+  EXPECT_THROW(simulate_serving(s), InputError);
 }
 
 TEST(ServeSim, BadScenarioNamesTheField) {

@@ -257,8 +257,12 @@ TEST(HwProfile, CodePointsTomlppMishandlesAreErrors) {
 
 TEST(HwProfile, MissingTableAndBadNameAreErrors) {
   std::string text = base_text();
-  text = text.substr(0, text.find("[node]"));
+  text = text.substr(0, text.find("[node]")) + text.substr(text.find("[network]"));
   EXPECT_NE(error_of(text).find("test.toml: missing table [node]"), std::string::npos)
+      << error_of(text);
+  text = base_text();
+  text = text.substr(0, text.find("[pool]"));
+  EXPECT_NE(error_of(text).find("test.toml: missing table [pool]"), std::string::npos)
       << error_of(text);
   EXPECT_NE(error_of(with_line(base_text(), "name = ", "name = \"Bad Name\""))
                 .find("field 'name': 'Bad Name' must be"),

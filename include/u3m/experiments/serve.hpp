@@ -44,6 +44,8 @@ struct ServeSlo {
   double ttft_prefill_factor = -1;
 };
 
+inline constexpr std::uint32_t kMaxInstances = 8;  // serving instances one simulation takes
+
 struct ServeScenario {
   workload::ModelShape shape;
   sim::HwProfile hw;
@@ -68,6 +70,12 @@ struct ServeScenario {
   // as an op of the group (card 0), waits for KV as stalls, and the store's
   // transfers and tier use through its engine. Must outlive the run.
   engine::RunObserver* observer = nullptr;
+  // Serving instances of `cards` cards each, placed on nodes of the profile's cards_per_node,
+  // the trace split between them (Note [Instances and the pool] in serving_sim.cpp).
+  std::uint32_t instances = 1;
+  // true: a KV pool below every instance's own tiers that all of them read and write, over
+  // the profile's network; false: each instance keeps only its own tiers.
+  bool shared_pool = false;
   void validate() const;                  // throws InputError naming the flag
   ServeSlo effective_slo() const;         // slo, with 0 fields from default_slo()
   // SSD bytes per card: ssd_bytes_per_card, or the profile's drive capacity x
@@ -119,7 +127,7 @@ struct ServeResult {
   double goodput_rps = 0;      // met / span
   double throughput_rps = 0;   // finished / makespan
   Percentiles ttft_ms, tpot_ms;
-  double kv_hit_rate = 0;       // cached prompt tokens / prompt tokens (block manager)
+  double kv_hit_rate = 0;       // cached prompt tokens (own tiers + pool) / prompt tokens
   double recomputed_share = 0;  // of hit tokens, recomputed rather than fetched
   std::uint64_t max_concurrency = 0;
   std::uint64_t iterations = 0;
@@ -128,6 +136,13 @@ struct ServeResult {
   std::array<std::uint64_t, kv::kTiers> capacity_bytes{}, peak_bytes{};  // per tier
   std::array<ServeLinkStats, 4> links{};  // engine::Link order: d2h, h2d, h2s, s2h
   ServeLinkStats peer;                    // tensor-parallel all-reduces
+  // Note [Pooled KV]: the shared pool and the network to it, summed over the instances.
+  std::uint32_t instances = 1;
+  bool shared_pool = false;
+  std::uint64_t pool_capacity_bytes = 0, pool_peak_bytes = 0;
+  std::uint64_t pool_hit_blocks = 0, pool_hit_tokens = 0;  // fetched from the pool
+  std::uint64_t pool_put_blocks = 0, pool_evicted_blocks = 0;
+  ServeLinkStats net_rx, net_tx;  // the instances' NICs: pool reads, pool writes
   std::uint64_t retried_submits = 0;      // refused_queue_full, submitted again later
   std::uint64_t spilled_bytes = 0, alerts = 0;
   double first_alert_s = -1;
@@ -144,7 +159,8 @@ struct ServeResult {
 // Fills r.ssd_wear from r's SSD writes and makespan (Note [SSD wear]).
 void account_ssd_wear(const ServeScenario& s, ServeResult& r);
 
-// serve::ServingSim(s, stop_after_misses).run() (experiments/serving_sim.hpp).
+// The trace served by s.instances serve::ServingSims (experiments/serving_sim.hpp), with a
+// shared KV pool when s.shared_pool (Note [Instances and the pool] in serving_sim.cpp).
 // `stop_after_misses`: stop once more requests than this missed an SLO (the
 // capacity search's early exit); 0 = run to the end.
 ServeResult simulate_serving(const ServeScenario& s, std::uint64_t stop_after_misses = 0);

@@ -14,7 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include <list>
 #include <memory>
+#include <unordered_map>
 
 #include "u3m/experiments/serve.hpp"
 #include "u3m/kv/block_manager.hpp"
@@ -26,17 +28,59 @@ namespace u3m::serve {
 
 using experiments::ServeResult;
 using experiments::ServeScenario;
+using experiments::ServeLinkStats;
+
+// The shared KV pool of several instances (Note [Pooled KV] in serving_sim.cpp): token blocks
+// by content key, LRU, a block readable from the time its put is through.
+class KvPool {
+ public:
+  explicit KvPool(std::uint64_t capacity_blocks) : capacity_(capacity_blocks) {}
+  // How many of keys[from, to) the pool holds, in a run from `from`, readable at `t_ns`;
+  // touches them.
+  std::size_t lookup(const std::vector<std::uint64_t>& keys, std::size_t from, std::size_t to,
+                     std::uint64_t t_ns);
+  bool holds(std::uint64_t key) const { return map_.contains(key); }
+  // Adds a block readable from `visible_ns`, evicting the least recently used beyond capacity.
+  void put(std::uint64_t key, std::uint64_t visible_ns);
+  std::uint64_t capacity_blocks() const { return capacity_; }
+  std::uint64_t peak_blocks() const { return peak_; }
+  std::uint64_t evicted() const { return evicted_; }
+
+ private:
+  struct Entry {
+    std::uint64_t visible_ns;
+    std::list<std::uint64_t>::iterator lru;
+  };
+  std::uint64_t capacity_, peak_ = 0, evicted_ = 0;
+  std::list<std::uint64_t> lru_;  // least recently used first
+  std::unordered_map<std::uint64_t, Entry> map_;
+};
+
+// What the instances of one simulation share: the pool (null when separate) and the SLO misses
+// the capacity search's early exit counts.
+struct Fleet {
+  KvPool* pool = nullptr;
+  std::uint64_t misses = 0;
+};
 
 class ServingSim {
  public:
   // `stop_after`: stop once more requests than this missed an SLO (the capacity search's
-  // early exit); 0 = run to the end. InputError for a scenario that does not work.
-  ServingSim(const ServeScenario& s, std::uint64_t stop_after = 0);
+  // early exit); 0 = run to the end. `fleet`: shared with the other instances of the run (must
+  // outlive this). InputError for a scenario that does not work.
+  ServingSim(const ServeScenario& s, std::uint64_t stop_after, Fleet& fleet);
   ~ServingSim();
   ServingSim(const ServingSim&) = delete;
   ServingSim& operator=(const ServingSim&) = delete;
 
-  ServeResult run();  // once
+  // start() once, then step() until it returns false, then result() once. Each step is one
+  // batching iteration (or a wait for an arrival or a transfer); now() is where it ended.
+  void start();
+  bool step();
+  double now() const { return now_; }
+  // This instance's result: per-request outcomes in its requests' order and its counters;
+  // the summary figures (percentiles, goodput) are simulate_serving's (summarize_serving).
+  ServeResult result();
 
  private:
   struct Req {
@@ -50,6 +94,8 @@ class ServingSim {
     bool running = false, done = false;
     bool ready = false;   // its blocks are in place (it stays so while it runs)
     bool missed = false;  // already counted as a miss (TTFT over the SLO)
+    std::vector<std::uint64_t> keys;  // its full blocks' content keys, for the pool
+    std::uint64_t pool_ready_ns = 0;  // its blocks fetched from the pool are in by then
   };
   kv::KvConfig make_config();
   kv::BlockManager& bm() { return store_->manager(); }
@@ -64,9 +110,16 @@ class ServingSim {
   void finish(std::size_t i);
   void retry_backlog();
   void spill();
-  void miss() {
-    if (stop_after_ && ++misses_ > stop_after_) stopped_ = true;
-  }
+  void miss() { ++fleet_.misses; }
+  bool stopped() const { return stop_after_ && fleet_.misses > stop_after_; }
+  // Note [Pooled KV]: books `bytes` on a NIC link now; returns when they are through (ns).
+  struct NetLink {
+    mem::LinkModel model;
+    mem::LinkSchedule schedule;
+    ServeLinkStats stats;
+    std::uint64_t book(std::uint64_t now_ns, std::uint64_t bytes);
+  };
+  void put_prompt(Req& q);  // the prompt's full blocks the pool lacks, written to it
 
   const ServeScenario& s_;
   experiments::ServePolicy pol_;
@@ -85,8 +138,15 @@ class ServingSim {
   std::vector<Req> reqs_;
   std::deque<std::size_t> backlog_;   // refused_queue_full, to submit again in order
   std::vector<std::size_t> running_;  // admission order
-  std::uint64_t misses_ = 0;
-  bool stopped_ = false;
+  Fleet& fleet_;
+  NetLink net_rx_, net_tx_;
+  std::uint64_t block_bytes_ = 0;  // one token block, all layers
+  std::size_t next_ = 0;           // the next arrival to submit
+  std::vector<std::pair<std::size_t, std::uint64_t>> batch_;
 };
+
+// The summary figures of a result from its per-request outcomes (`s`: the whole trace, in the
+// order of r.per_request): met, percentiles, span, makespan, goodput, throughput.
+void summarize_serving(const ServeScenario& s, ServeResult& r);
 
 }  // namespace u3m::serve

@@ -79,6 +79,16 @@ struct HwProfile {
   struct Node {
     Param cards_per_node;
   } node;
+  // The inter-node network (issue 21): the RDMA NICs a node's cards reach other nodes and the
+  // shared KV pool through. `network` is one NIC, per direction; each card gets
+  // nics_per_node / cards_per_node of them (Note [Pooled KV] in serving_sim.cpp).
+  LinkSpec network;
+  Param nics_per_node;
+  struct Pool {
+    // Bytes of each node's DRAM given to a shared KV pool (a Mooncake-Store-like tier), on top
+    // of the KV the node's own instances keep in DRAM.
+    Param capacity_per_node;
+  } pool;
 };
 
 // The table every reader, writer and printer walks, so a new field is added
