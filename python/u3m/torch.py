@@ -100,8 +100,8 @@ A parameter's step leases its bytes, its gradient and each full-size state
 tensor at once (4 x the parameter for Adam), so a large embedding at budget 0.3
 cannot step on the device. Such a step (decided once, at attach: its bytes above
 the budget) runs where ZeRO-Offload runs every step: on the host. Its tensors are
-leased in the host tier (Runtime.acquire(..., "host"); the engine moves them
-there, nothing of them is held on the device) and the optimizer's own step runs
+leased in the host tier (Runtime.acquire(..., "host"); the engine copies them
+there and holds no device lease for them) and the optimizer's own step runs
 on them whole, so the ops and bytes are the untiered run's: bitwise equal on CPU,
 for any optimizer offload takes (the same code, no per-optimizer proof needed).
 The next forward gathers the parameter back onto the device as any other.
