@@ -77,7 +77,8 @@ every parameter (trainable or frozen), its gradient and its optimizer state
   Adam, AdamW, SGD, Adagrad and RMSprop update each parameter on its own in
   torch 1.13 (the CPU foreach ops loop per tensor too), so the ops and bytes are
   the untiered run's: losses are bitwise equal on CPU. State created lazily (the
-  first step) or by load_state_dict moves into the engine.
+  first step) or by load_state_dict moves into the engine. A parameter whose
+  step does not fit the budget at once steps on the host (Note [Oversized steps]).
 - Checkpoints: model.state_dict() (a state-dict hook) and optimizer.state_dict()
   return materialised copies; load_state_dict writes through the guard.
 - Decisions: a tiering policy of u3m's one list (policy::tiering_policies(),
@@ -93,6 +94,28 @@ every parameter (trainable or frozen), its gradient and its optimizer state
 - What the budget does not cover: transient compute memory (a module's
   outputs until autograd saves or frees them, unpacked activation copies during
   a backward node, the loss computed outside the model's forward).
+
+Note [Oversized steps]
+A parameter's step leases its bytes, its gradient and each full-size state
+tensor at once (4 x the parameter for Adam), so a large embedding at budget 0.3
+cannot step on the device. Such a step (decided once, at attach: its bytes above
+the budget) runs where ZeRO-Offload runs every step: on the host. Its tensors are
+leased in the host tier (Runtime.acquire(..., "host"); the engine copies them
+there and holds no device lease for them) and the optimizer's own step runs
+on them whole, so the ops and bytes are the untiered run's: bitwise equal on CPU,
+for any optimizer offload takes (the same code, no per-optimizer proof needed).
+The next forward gathers the parameter back onto the device as any other.
+Not chunks: the engine leases a tensor whole (a lease is the unit of residency
+and of the budget), so stepping a slice on the device would need a sub-range
+lease in the engine or a copy through scratch tensors, and an optimizer's shared
+scalars (Adam's `step`) counted once across chunks; the host needs none of it.
+What it costs: the step's bytes cross the link (d2h, then h2d at the next
+forward), and these leases go past the tiering policy (not recorded in its
+trace, so it plans the other accesses only). The forward still gathers each
+parameter whole: a budget below the largest parameter is refused. On CUDA a
+host step would set a device parameter's .data to a host tensor, which torch
+refuses, so an oversized step there is refused naming the parameter (a chunked
+device step is the way there, not built). stats()["host_steps"] counts them.
 
 Note [Offload on CUDA]
 The offload follows the model: all parameters on one device, whose type picks
@@ -567,11 +590,20 @@ class Offload:
             if not 0 < budget_fraction <= 1:
                 raise ValueError(f"u3m.torch.offload: budget_fraction must be in (0, 1], got {budget_fraction}")
             budget_bytes = int(budget_fraction * self.footprint_bytes)
-        largest = max(per)
+        largest = max(r.w.nbytes for r in self.params)
         if budget_bytes < largest:
-            # The optimizer step of the largest parameter holds all of its tensors at once.
+            # The forward gathers each parameter whole; its optimizer step may run on the host.
             raise ValueError(f"u3m.torch.offload: budget {budget_bytes} bytes is below the "
-                             f"{largest} bytes the largest parameter's optimizer step holds at once")
+                             f"{largest} bytes of the largest parameter, which its forward gathers whole")
+        # Note [Oversized steps]: a step whose tensors do not fit the budget at once runs on the host.
+        self._host_step = {id(r.p) for r, b in zip(self.params, per) if b > budget_bytes and r.in_opt}
+        if self._host_step and self.device.type != "cpu":
+            big = next(r for r in self.params if id(r.p) in self._host_step)
+            raise ValueError(f"u3m.torch.offload: the optimizer step of parameter {big.name!r} "
+                             f"({per[self.params.index(big)]} bytes) does not fit the budget "
+                             f"({budget_bytes} bytes); it runs on the host, which is for CPU models, "
+                             f"not one on {self.device} (Note [Oversized steps])")
+        self.host_steps = 0  # parameter steps run on the host (Note [Oversized steps])
         self.budget_bytes = budget_bytes
         self.backend = _BACKEND_OF_DEVICE[self.device.type]
         try:
@@ -734,6 +766,14 @@ class Offload:
         except _core.EngineError as e:
             raise OffloadError(f"u3m.torch.offload: cannot bring the {s.name} ({s.nbytes} bytes) onto "
                                f"the device (budget {self.budget_bytes} bytes): {e}") from e
+
+    def _acquire_on_host(self, s: _Slot, access: str, phase: str) -> "_core.Lease":
+        # Note [Oversized steps]: the engine's own lease, in the host tier, past the policy.
+        try:
+            return self.rt.acquire(self.drv.engine_id(s.tid), "host", access)
+        except _core.EngineError as e:
+            raise OffloadError(f"u3m.torch.offload: cannot bring the {s.name} ({s.nbytes} bytes) "
+                               f"into the host tier for its {phase} step: {e}") from e
 
     # ---------------------------------------------------------------- gather and free
     def _hold(self, s: _Slot, phase: str = "forward") -> None:
@@ -1064,36 +1104,41 @@ class Offload:
         self._retry_drops()
 
     def _step_one(self, r: _Param) -> None:
-        """The original step for one parameter, on its leased bytes (no copy)."""
+        """The original step for one parameter, on its leased bytes (no copy): on the device, or
+        on the host when its tensors do not fit the budget at once (Note [Oversized steps])."""
         if r.w.lease is not None or r.g.lease is not None:
             raise OffloadError(f"u3m.torch.offload: optimizer step while the {r.w.name} is gathered")
+        on_host = id(r.p) in self._host_step
+        acquire = self._acquire_on_host if on_host else self._acquire_named
         state = self.optimizer.state[r.p]
-        leases = [self._acquire_named(r.w, "write", "optimizer"),
-                  self._acquire_named(r.g, "read", "optimizer")]
+        leases = [acquire(r.w, "write", "optimizer"), acquire(r.g, "read", "optimizer")]
         r.p.data = r.w.view(leases[0])
         r.p.grad = r.g.view(leases[1])
         for key, s in r.state.items():
-            leases.append(self._acquire_named(s, "write", "optimizer"))
+            leases.append(acquire(s, "write", "optimizer"))
             state[key] = s.view(leases[-1])
         try:
             self._orig["step"]()
+            self.host_steps += on_host
         finally:
-            self._adopt_state(r, state)
+            self._adopt_state(r, state, acquire)
             r.p.grad = r.g.face
             r.p.data = r.w.base
             for lease in leases:
                 self._release(lease)
 
-    def _adopt_state(self, r: _Param, state: dict) -> None:
+    def _adopt_state(self, r: _Param, state: dict, acquire=None) -> None:
         """Full-size state tensors the optimizer created (or a load put there) move into the
-        engine; every managed entry points back at its face."""
+        engine (through `acquire`, the step's: device or host); every managed entry points back
+        at its face."""
+        acquire = acquire or self._acquire_named
         for key, val in list(state.items()):
             if key in r.state or not isinstance(val, torch.Tensor) or val.shape != r.p.shape:
                 continue
             s = _Slot(self, f"optim.{r.name}.{key}", "optim_v" if key == "exp_avg_sq" else "optim_m",
                       f"optimizer state {key!r} of {r.name!r}", val)
             self._register(s)
-            lease = self._acquire_named(s, "write", "optimizer")
+            lease = acquire(s, "write", "optimizer")
             s.view(lease).copy_(val)
             self._release(lease)
             r.state[key] = s
@@ -1149,7 +1194,8 @@ class Offload:
                 "prefetches": s["prefetches"], "prefetch_hits": s["prefetch_hits"],
                 "misses": s["misses"], "acquires": s["acquires"], "stall_s": s["stall_s"],
                 "saved_activation_bytes": self.saved_bytes, "policy": self.drv.stats(),
-                "faults": self.faults, "units": len(self.units), "backend": self.rt.backend,
+                "faults": self.faults, "host_steps": self.host_steps, "units": len(self.units),
+                "backend": self.rt.backend,
                 "release_sync_s": self.release_sync_s, "engine": s}
 
     def close(self) -> None:

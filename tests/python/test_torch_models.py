@@ -251,6 +251,55 @@ def run(case, budget=None, loop=plain_loop):
     return losses, final, st, off
 
 
+# ------------------------------------------------ a parameter whose step exceeds the budget
+class EmbeddingHead(nn.Module):
+    """A large embedding (12.8 MB of float32) and a small head: the embedding fits the budgets
+    below, its optimizer step (with its gradient and full-size state) does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50000, 64)
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.head(self.emb(x).mean(1))
+
+
+# (optimizer, budget fraction): 0.3 where the footprint is 5 x the embedding (Adam, AdamW with
+# amsgrad, centered RMSprop with momentum), 0.5 where it is 3 x (SGD momentum, Adagrad), so that
+# the embedding fits and its step does not (asserted in the test).
+OVERSIZED_STEPS = (
+    (lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.01), 0.3),
+    (lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True, foreach=True), 0.3),
+    (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9, nesterov=True, weight_decay=1e-4), 0.5),
+    (lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.01), 0.5),
+    (lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.5, centered=True, foreach=True), 0.3),
+)
+
+
+def run_embedding(make_opt, budget=None, steps=3):
+    """Trains EmbeddingHead (same seeds = same bytes): losses, parameters and optimizer state
+    at the end, the stats and the Offload (None untiered)."""
+    torch.manual_seed(0)
+    model = EmbeddingHead()
+    opt = make_opt(model.parameters())
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randint(50000, (32, 4), generator=gen), torch.randn(32, 8, generator=gen))
+            for _ in range(steps)]
+    off = ut.offload(model, opt, budget_fraction=budget) if budget else None
+    try:
+        losses = plain_loop(model, opt, data, lambda m, d: F.mse_loss(m(d[0]), d[1]), off)
+        st = off.stats() if off else None
+    finally:
+        if off:
+            off.close()
+    final = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        for k, v in opt.state[p].items():
+            final[f"{n}.{k}"] = v.clone() if isinstance(v, torch.Tensor) else v
+    return losses, final, st, off
+
+
 class ModelsTest(unittest.TestCase):
     def check(self, case, loop=plain_loop):
         ref_losses, ref_final, _, _ = run(case, loop=loop)
@@ -297,6 +346,35 @@ class ModelsTest(unittest.TestCase):
 
     def test_llama_lora_autocast_bf16(self):
         self.check(case_llama_lora)
+
+    def test_an_embedding_whose_step_exceeds_the_budget_steps_on_the_host(self):
+        for make_opt, budget in OVERSIZED_STEPS:
+            name = type(make_opt([torch.zeros(1, requires_grad=True)])).__name__
+            with self.subTest(optimizer=name, budget=budget):
+                ref_losses, ref_final, _, _ = run_embedding(make_opt)
+                losses, final, st, off = run_embedding(make_opt, budget)
+                self.assertEqual(losses, ref_losses)  # bitwise: the same ops on the same bytes
+                self.assertEqual(final.keys(), ref_final.keys())
+                for k, v in ref_final.items():
+                    if isinstance(v, torch.Tensor):
+                        self.assertTrue(torch.equal(final[k], v), k)
+                    else:
+                        self.assertEqual(final[k], v, k)
+                emb = 50000 * 64 * 4
+                per_step = emb * (off.footprint_bytes // emb)  # the embedding, its grad and state
+                self.assertLessEqual(emb, off.budget_bytes)  # the embedding fits ...
+                self.assertGreater(per_step, off.budget_bytes)  # ... its step does not
+                self.assertLessEqual(st["peak_device_bytes"], off.budget_bytes)
+                self.assertGreater(st["peak_device_bytes"], 0)
+                # Each of the 3 steps ran the embedding's step on the host, the head's on the device.
+                self.assertEqual(st["host_steps"], 3)
+                self.assertEqual(off.steps, 3)
+                self.assertEqual(st["policy"]["diverged"], 0)
+
+    def test_an_oversized_step_of_an_unsupported_optimizer_is_refused_naming_it(self):
+        model = EmbeddingHead()
+        with self.assertRaisesRegex(ValueError, "optimizer LBFGS is not supported"):
+            ut.offload(model, torch.optim.LBFGS(model.parameters()), budget_fraction=0.3)
 
     def test_state_dict_and_load_mid_run_without_closing(self):
         self.check(case_tied, checkpoint_loop)
