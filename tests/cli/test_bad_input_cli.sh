@@ -348,6 +348,7 @@ if case_of "serve sim"; then
   for v in 0 -1; do run_bad "serve sim --rate-scale $v" "--rate-scale" "${V[@]}" --requests rag:requests=5 --rate-scale "$v"; done
   run_bad "serve sim --kv-policy" "--kv-policy" "${V[@]}" --requests rag:requests=5 --kv-policy fifo
   run_bad "serve sim --timeline unwritable" "--timeline" "${V[@]}" --requests rag:requests=5 --timeline "$NOFILE/t.json"
+  run_bad "serve sim --timeline with --instances 2" "--timeline" "${V[@]}" --requests rag:requests=5 --instances 2 --timeline "$tmp/t.json"
   config_inputs "${V[@]}" --requests rag:requests=5
 fi
 
