@@ -107,13 +107,11 @@ DiagnosisReport Diagnosis::report(const std::array<double, engine::kNumLinks>& l
     }
   if (t1 <= t0) return r;
   r.span_s = t1 - t0;
-  std::int64_t first_step = std::numeric_limits<std::int64_t>::max();
-  bool several = false;
-  for (const Span* s : spans) {
-    several = several ||
-              (first_step != std::numeric_limits<std::int64_t>::max() && s->step != first_step);
-    first_step = std::min(first_step, s->step);
-  }
+  // The first step is cold; with one step only, it is all there is.
+  const auto [lo, hi] = std::minmax_element(
+      spans.begin(), spans.end(), [](const Span* a, const Span* b) { return a->step < b->step; });
+  const bool several = !spans.empty() && (*lo)->step != (*hi)->step;
+  const std::int64_t first_step = several ? (*lo)->step : 0;
   r.cold_step_included = !several;
   auto steady = [&](std::int64_t step) { return !several || step != first_step; };
   std::array<Intervals, engine::kNumLinks> per_link;
