@@ -127,10 +127,21 @@ workload::RagConfig parse_rag_spec(std::string_view spec) {
       c.turns = spec_count<std::uint32_t>(v, where);
     else if (k == "seed")
       c.seed = spec_count<std::uint64_t>(v, where);
+    else if (k == "system-prompts")
+      c.system_prompts = spec_count<std::uint32_t>(v, where);
+    else if (k == "system-zipf")
+      c.system_zipf = spec_number(v, where);
+    else if (k == "topics")
+      c.topics = spec_count<std::uint32_t>(v, where);
+    else if (k == "topic-zipf")
+      c.topic_zipf = spec_number(v, where);
+    else if (k == "rank-noise")
+      c.rank_noise = spec_number(v, where);
     else
       input_error("--requests",
-                  "unknown rag key '{}' (keys: requests, rate, system, corpus, "
-                  "passages, zipf, passage-len, question-len, output-len, order, turns, seed)",
+                  "unknown rag key '{}' (keys: requests, rate, system, system-prompts, "
+                  "system-zipf, corpus, passages, zipf, topics, topic-zipf, rank-noise, "
+                  "passage-len, question-len, output-len, order, turns, seed)",
                   k);
   }
   // 0 means "every arrival" with --arrivals-from, which a spec has not.

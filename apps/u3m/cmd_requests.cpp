@@ -258,9 +258,9 @@ void add_requests_commands(CLI::App& app) {
   r.output_len = def.output.describe();
   CLI::App* rag = gen->add_subcommand(
       "rag",
-      "RAG serving: a shared system prompt, k passages per request drawn from a corpus with "
-      "Zipf popularity, a unique question; Poisson or trace arrivals; optional multi-turn "
-      "sessions. Defaults are assumptions (docs/requests.md).");
+      "RAG serving: one of a few system prompts, the top-k passages of a Zipf-popular query "
+      "topic under rank noise, a unique question; Poisson or trace arrivals; optional "
+      "multi-turn sessions. Defaults and their sources: docs/requests.md.");
   rag->add_option("-o,--output", r.out, "u3m request file to write (.jsonl; - for stdout)")
       ->required();
   rag->add_option("--requests", r.cfg.requests,
@@ -294,6 +294,20 @@ void add_requests_commands(CLI::App& app) {
       ->capture_default_str();
   rag->add_option("--followup-prob", r.cfg.followup_prob,
                   "Chance that an arrival continues an open session (with --turns > 1)")
+      ->capture_default_str();
+  rag->add_option("--system-prompts", r.cfg.system_prompts,
+                  "Application system prompts, drawn with Zipf popularity (1: one shared)")
+      ->capture_default_str();
+  rag->add_option("--system-zipf", r.cfg.system_zipf, "Zipf exponent of system-prompt popularity")
+      ->capture_default_str();
+  rag->add_option("--topics", r.cfg.topics,
+                  "Query topics; a topic retrieves from its own ranked list (0: no topics, "
+                  "independent passage draws)")
+      ->capture_default_str();
+  rag->add_option("--topic-zipf", r.cfg.topic_zipf, "Zipf exponent of topic popularity")
+      ->capture_default_str();
+  rag->add_option("--rank-noise", r.cfg.rank_noise,
+                  "Std. dev. of the per-query rank noise, in ranks (0: a topic's top-k is fixed)")
       ->capture_default_str();
   rag->add_option("--seed", r.cfg.seed, "Seed")->capture_default_str();
   r.read.add(rag);

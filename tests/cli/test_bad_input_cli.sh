@@ -255,6 +255,9 @@ if case_of "requests gen rag"; then
   run_bad "rag --passage-order" "--passage-order" "${Q[@]}" --passage-order random
   request_inputs "${Q[@]}" --arrivals-from
   run_bad "rag -o missing dir" "$NOFILE" "$U3M" requests gen rag -o "$NOFILE" --requests 8
+  run_bad "rag --system-prompts 0" "--system-prompts" "${Q[@]}" --system-prompts 0
+  run_bad "rag --topics huge" "--topics" "${Q[@]}" --topics 4000000000
+  for f in --topic-zipf --rank-noise --system-zipf; do run_bad "rag $f -1" "$f" "${Q[@]}" $f -1; done
 fi
 
 # Scenario flags train sim and train capacity share.
@@ -340,6 +343,15 @@ serve_common() {  # CMD... (a valid base without --requests)
   run_bad "$* rag:order" "rag:order" "$@" --requests rag:order=random
   run_bad "$* rag:passage-len" "rag:passage-len" "$@" --requests rag:passage-len=fixed:0
   run_bad "$* rag:system huge" "rag:turns" "$@" --requests rag:system=4294967295
+  for k in topics system-prompts; do
+    for v in -1 abc "" 1.5 99999999999999999999999; do run_bad "$* rag:$k='$v'" "rag:$k" "$@" --requests "rag:$k=$v"; done
+  done
+  for k in topic-zipf rank-noise system-zipf; do
+    for v in nan inf -1 abc ""; do run_bad "$* rag:$k='$v'" "rag:$k" "$@" --requests "rag:$k=$v"; done
+  done
+  run_bad "$* rag:system-prompts=0" "rag:system-prompts" "$@" --requests rag:system-prompts=0
+  run_bad "$* rag:system-prompts huge" "rag:system-prompts" "$@" --requests rag:system-prompts=4000000
+  run_bad "$* rag:topics huge" "rag:topics" "$@" --requests rag:topics=4000000000
 }
 
 if case_of "serve sim"; then
