@@ -142,9 +142,46 @@ namespace u3m::kv {
 // A cached block after a prompt's first miss (its prefix was dropped before
 // it) holds valid KV: the request references it rather than storing a twin,
 // but it is not counted as a hit (the prefix before it is recomputed).
+//
+// Note [Segment reuse]
+// On RAG traffic the same passages recur at different positions and in different orders, so
+// an exact prefix reaches only the first differing passage (the real RAG trace:
+// 31.5% of prompt tokens reusable by exact prefix, 72% by segment at any position). With
+// Reuse::blend the prompt is laid out segment by segment: every segment starts a new token
+// block (its last block may be partial, a slot is wasted on the rest), so block j of a
+// segment holds the same tokens wherever the segment sits. Each block has two keys: its chain
+// key (xxh64 of its content key seeded with the previous block's chain key: equal exactly when
+// all the content before it is the same, as in Note [Block keys]) and its content key (the
+// segment id, offset and length alone). Lookup:
+//   - chain key cached: the exact case, unchanged (a hit in the leading run, else adopted);
+//   - else, content key cached after any other context (blend only): a blend. The request
+//     gets a new cached block under its own chain key, and the cached one is its source,
+//     referenced (so kept in memory: an SSD source is promoted like a hit) until the driver
+//     says prefilled() or the request finishes. The driver copies the source's slots into
+//     the new block, re-rotates the keys to their new positions and recomputes a share of
+//     the tokens (CacheBlend, Yao et al., EuroSys 2025: the tokens whose KV deviates most),
+//     kv::blend_recompute_tokens; the serving simulator charges exactly that.
+//   - else a miss.
+// Why a copy and not a shared block: the recomputed tokens differ per context, so a blended
+// block is not the source's KV; sharing it in place would need a kernel that reads two block
+// tables. The copy is cached under the new chain key, so a follow-up turn that repeats the
+// whole prompt hits it exactly, as an exact cache would.
+// The layout costs slots (on average half a block per segment) and, with exact reuse only,
+// blend's layout hits no more than the packed one; so exact mode keeps the packed layout.
+//
+// Note [SSD admission]
+// Every victim written to SSD wears the drives (Note [SSD wear] in src/experiments/serve.cpp),
+// and most RAG passages and conversation prefixes are seen once: writing them buys no hit. A
+// frequency filter, as vLLM's offloading store threshold and Dynamo's KV-block frequency
+// filter do: each admission counts the content keys it looks up; a victim leaving memory is
+// written to SSD only if its content was looked up by at least ssd_admit_after admissions,
+// else it is dropped (and a spill drops it instead of moving it). The counts are bounded: past
+// kMaxSeen keys every count halves and zeros go, so old popularity decays.
 
 namespace {
 constexpr Tier kTierOf[kTiers] = {Tier::device, Tier::host, Tier::ssd};
+constexpr std::size_t kMaxSeen = std::size_t{1} << 22;         // Note [SSD admission]
+constexpr std::uint64_t kContentSeed = 0x75336d2d626c656eULL;  // content keys' own hash space
 
 void append_u32(std::string& buf, std::uint32_t v) {
   buf.append(reinterpret_cast<const char*>(&v), sizeof v);
@@ -233,6 +270,10 @@ std::string_view to_string(Action::Reason r) {
 bool admission_critical(const Action& a) {
   return a.kind == Action::Kind::allocate || (a.kind == Action::Kind::move && a.from == Tier::ssd);
 }
+std::string_view to_string(Reuse r) {
+  return r == Reuse::blend ? "blend" : "exact";
+}
+
 std::string_view to_string(SubmitResult r) {
   switch (r) {
     case SubmitResult::admitted:
@@ -318,6 +359,56 @@ std::vector<std::uint64_t> block_keys(const std::vector<workload::PromptSegment>
   return keys;
 }
 
+std::uint64_t PromptBlocks::blocks(std::uint64_t output_tokens, std::uint32_t block_tokens) const {
+  return keys.size() + (tail + output_tokens + block_tokens - 1) / block_tokens;
+}
+
+PromptBlocks prompt_blocks(const std::vector<workload::PromptSegment>& prompt,
+                           std::uint32_t block_tokens, Reuse reuse) {
+  PromptBlocks pb;
+  std::uint64_t total = 0;
+  for (const workload::PromptSegment& s : prompt) total += s.tokens;
+  if (reuse == Reuse::exact) {
+    pb.keys = block_keys(prompt, block_tokens);
+    pb.content = pb.keys;
+    for (std::size_t i = 0; i < pb.keys.size(); ++i) {
+      pb.start.push_back(static_cast<std::uint32_t>(i * block_tokens));
+      pb.tokens.push_back(block_tokens);
+    }
+    pb.tail = static_cast<std::uint32_t>(total - pb.keys.size() * block_tokens);
+    return pb;
+  }
+  // Note [Segment reuse]
+  std::string buf;
+  std::uint64_t parent = 0;
+  std::uint32_t pos = 0;
+  for (const workload::PromptSegment& s : prompt) {
+    for (std::uint32_t off = 0; off < s.tokens; off += block_tokens) {
+      const std::uint32_t take = std::min(s.tokens - off, block_tokens);
+      buf.clear();
+      append_u32(buf, static_cast<std::uint32_t>(s.id.size()));
+      buf += s.id;
+      append_u32(buf, off);
+      append_u32(buf, take);
+      const std::uint64_t content = XXH64(buf.data(), buf.size(), kContentSeed);
+      parent = XXH64(&content, sizeof content, parent);
+      pb.keys.push_back(parent);
+      pb.content.push_back(content);
+      pb.start.push_back(pos);
+      pb.tokens.push_back(take);
+      pos += take;
+    }
+  }
+  if (!pb.keys.empty() && pb.tokens.back() < block_tokens) {  // decode writes on into it
+    pb.tail = pb.tokens.back();
+    pb.keys.pop_back();
+    pb.content.pop_back();
+    pb.start.pop_back();
+    pb.tokens.pop_back();
+  }
+  return pb;
+}
+
 // ---------------------------------------------------------------- manager
 
 bool BlockManager::Victim::operator<(const Victim& o) const {
@@ -339,11 +430,12 @@ BlockManager::Pending BlockManager::make_pending(RequestId id,
                                                  const workload::ServeRequest& r) const {
   Pending p;
   p.id = id;
-  p.keys = block_keys(r.prompt, cfg_.geometry.block_tokens);
+  PromptBlocks pb = prompt_blocks(r.prompt, cfg_.geometry.block_tokens, cfg_.reuse);
   p.prompt_tokens = r.prompt_tokens();
-  const std::uint64_t total = p.prompt_tokens + r.output_tokens;
-  const std::uint64_t bt = cfg_.geometry.block_tokens;
-  const std::uint64_t blocks = (total + bt - 1) / bt;
+  const std::uint64_t blocks = pb.blocks(r.output_tokens, cfg_.geometry.block_tokens);
+  p.keys = std::move(pb.keys);
+  p.content = std::move(pb.content);
+  p.tokens = std::move(pb.tokens);
   if (blocks > std::numeric_limits<std::uint32_t>::max())
     throw std::invalid_argument(fmt::format("kv: request {} needs {} blocks", id, blocks));
   p.blocks = static_cast<std::uint32_t>(blocks);
@@ -363,17 +455,21 @@ bool BlockManager::too_large(const Pending& p) const {
 
 BlockManager::Need BlockManager::need_of(const Pending& p) const {
   Need n;
-  for (std::uint64_t key : p.keys) {
-    auto it = cache_.find(key);
-    if (it == cache_.end()) {
-      n.mem_slots += groups_;
-      n.new_refs += groups_;
-      continue;
-    }
-    const TokenBlock& b = blocks_.at(it->second);
+  auto held = [&](TokenBlockId id) {  // a cached block this admission references
+    const TokenBlock& b = blocks_.at(id);
     for (Tier t : b.tier)
       if (t == Tier::ssd || !locked(b)) ++n.mem_slots;  // promoted, or newly locked in place
     if (b.refs == 0) n.new_refs += groups_;
+  };
+  for (std::size_t i = 0; i < p.keys.size(); ++i) {
+    auto it = cache_.find(p.keys[i]);
+    if (it != cache_.end()) {
+      held(it->second);
+      continue;
+    }
+    n.mem_slots += groups_;
+    n.new_refs += groups_;
+    if (TokenBlockId src = blend_source(p.content[i])) held(src);
   }
   const std::uint64_t priv = std::uint64_t{p.blocks - p.keys.size()} * groups_;
   n.mem_slots += priv;
@@ -431,6 +527,7 @@ std::vector<Admission> BlockManager::finish(RequestId id) {
     throw std::invalid_argument(fmt::format("kv: finish of request {}, which is not running", id));
   const std::vector<TokenBlockId> table = std::move(it->second);
   requests_.erase(it);
+  release_sources(id);
   for (TokenBlockId tb : table) {
     TokenBlock& b = blocks_.at(tb);
     unref(b, tb);
@@ -443,11 +540,104 @@ std::vector<Admission> BlockManager::finish(RequestId id) {
   return out;
 }
 
-void BlockManager::admit_queued(std::vector<Admission>& out) {
-  while (!queue_.empty() && fits(queue_.front())) {
-    out.push_back(admit(queue_.front(), true));
-    queue_.pop_front();
+void BlockManager::prefilled(RequestId id) {
+  release_sources(id);
+}
+
+void BlockManager::release_sources(RequestId id) {
+  auto it = sources_.find(id);
+  if (it == sources_.end()) return;
+  const std::vector<TokenBlockId> held = std::move(it->second);
+  sources_.erase(it);
+  for (TokenBlockId tb : held) {
+    TokenBlock& b = blocks_.at(tb);
+    unref(b, tb);
+    if (b.damaged && b.refs == 0) drop(tb, Action::Reason::finish);
   }
+}
+
+const std::vector<TokenBlockId>& BlockManager::blend_sources(RequestId id) const {
+  static const std::vector<TokenBlockId> none;
+  auto it = sources_.find(id);
+  return it == sources_.end() ? none : it->second;
+}
+
+TokenBlockId BlockManager::blend_source(std::uint64_t content) const {
+  if (cfg_.reuse != Reuse::blend) return 0;
+  auto it = by_content_.find(content);
+  if (it == by_content_.end()) return 0;
+  TokenBlockId best = 0;
+  int best_tier = kTiers;
+  for (auto c = it->second.rbegin(); c != it->second.rend(); ++c) {  // the newest first
+    const TokenBlock& b = blocks_.at(*c);
+    if (b.damaged) continue;
+    int lowest = 0;
+    for (Tier t : b.tier) lowest = std::max(lowest, idx(t));
+    if (lowest < best_tier) {
+      best = *c;
+      best_tier = lowest;
+    }
+  }
+  return best;
+}
+
+bool BlockManager::ssd_admits(const TokenBlock& b) const {
+  if (cfg_.ssd_admit_after <= 1) return true;
+  auto it = seen_.find(b.content);
+  return it != seen_.end() && it->second >= cfg_.ssd_admit_after;
+}
+
+// Note [Cache-aware admission]
+// A FIFO queue admits requests in arrival order, so a request whose passages are hot now may
+// wait behind ones that share nothing, and by its turn they are gone. As SGLang's
+// longest-prefix-match scheduling does, the queue is reordered by cached length: among the
+// first kWindow queued requests that fit, the one with the most prompt tokens an admission
+// would now reuse (exact hits, and blends under Reuse::blend) goes first, ties in arrival
+// order. The extra wait is bounded in admissions, not time (the manager reads no clock): each
+// pass over a request counts against it, and no request may be passed over more than
+// max_bypass times; the scan stops at the first one that has, so from then on it is the only
+// candidate before those behind it. So Note [Never lost] still holds: a request waits at most
+// max_bypass admissions more than under FIFO.
+void BlockManager::admit_queued(std::vector<Admission>& out) {
+  constexpr std::size_t kWindow = 64;
+  while (!queue_.empty()) {
+    std::size_t pick = 0;
+    if (cfg_.max_bypass == 0) {
+      if (!fits(queue_.front())) return;
+    } else {
+      std::int64_t best = -1;
+      for (std::size_t j = 0; j < std::min(queue_.size(), kWindow); ++j) {
+        const Pending& p = queue_[j];
+        if (fits(p)) {
+          const auto c = static_cast<std::int64_t>(cached_tokens(p));
+          if (c > best) {
+            best = c;
+            pick = j;
+          }
+        }
+        if (p.bypassed >= cfg_.max_bypass) break;  // nobody behind it may go first
+      }
+      if (best < 0) return;
+    }
+    for (std::size_t k = 0; k < pick; ++k) ++queue_[k].bypassed;
+    out.push_back(admit(queue_[pick], true));
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(pick));
+  }
+}
+
+std::uint64_t BlockManager::cached_tokens(const Pending& p) const {
+  std::uint64_t n = 0;
+  bool run = true;
+  for (std::size_t i = 0; i < p.keys.size(); ++i) {
+    if (run && cache_.contains(p.keys[i])) {
+      n += p.tokens[i];
+      continue;
+    }
+    run = false;
+    if (cfg_.reuse != Reuse::blend) break;
+    if (!cache_.contains(p.keys[i]) && blend_source(p.content[i])) n += p.tokens[i];
+  }
+  return n;
 }
 
 Admission BlockManager::admit(const Pending& p, bool from_queue) {
@@ -457,12 +647,18 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
   a.prompt_full_blocks = static_cast<std::uint32_t>(p.keys.size());
   std::vector<TokenBlockId> table(p.blocks, 0);
   std::vector<TokenBlockId> created;
+  std::vector<TokenBlockId> sources(p.keys.size(), 0);  // Note [Segment reuse]
   // Lock every cached block first, so making room for new ones cannot evict them.
   bool run = true;
   for (std::size_t i = 0; i < p.keys.size(); ++i) {
+    if (cfg_.ssd_admit_after > 1) ++seen_[p.content[i]];
     auto it = cache_.find(p.keys[i]);
     if (it == cache_.end()) {
       run = false;
+      if (TokenBlockId src = blend_source(p.content[i])) {
+        ref(blocks_.at(src), src);
+        sources[i] = src;
+      }
       continue;
     }
     TokenBlock& b = blocks_.at(it->second);
@@ -470,6 +666,7 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
     table[i] = it->second;
     if (run) {
       ++a.hit_blocks;
+      a.hit_tokens += p.tokens[i];
       int lowest = 0;
       for (Tier t : b.tier) lowest = std::max(lowest, idx(t));
       ++a.hit_blocks_by_tier[lowest];
@@ -492,9 +689,19 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
     }
     // A key repeated inside one prompt can only be a hash collision: keep it private.
     const bool share = !cache_.contains(p.keys[i]);
-    table[i] = create(static_cast<std::uint32_t>(i), share, p.keys[i]);
+    table[i] = create(static_cast<std::uint32_t>(i), share, p.keys[i], p.content[i]);
     share ? ++a.new_blocks : ++a.private_blocks;
     if (share) created.push_back(table[i]);
+    if (const TokenBlockId src = sources[i]) {
+      // Its data is copied from memory: an SSD source comes up like a hit.
+      for (std::uint32_t g = 0; g < groups_; ++g)
+        if (blocks_.at(src).tier[g] == Tier::ssd) {
+          place(src, g, Action::Reason::promote);
+          ++a.promoted_slots;
+        }
+      a.blends.push_back({static_cast<std::uint32_t>(i), src});
+      a.blend_tokens += p.tokens[i];
+    }
   }
   for (std::uint32_t i = static_cast<std::uint32_t>(p.keys.size()); i < p.blocks; ++i) {
     table[i] = create(i, false, 0);
@@ -504,7 +711,16 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
   for (std::size_t i = 0; i < p.keys.size(); ++i)
     if (blocks_.at(table[i]).cached) chain.push_back(table[i]);
   touch(chain);
-  a.hit_tokens = std::uint64_t{a.hit_blocks} * cfg_.geometry.block_tokens;
+  std::vector<TokenBlockId> held;
+  for (TokenBlockId src : sources)
+    if (src) {
+      touch({src}, false);  // a use at this admission's tick, not a chain of its own
+      held.push_back(src);
+    }
+  if (!held.empty()) sources_.emplace(p.id, std::move(held));
+  if (seen_.size() > kMaxSeen)  // Note [SSD admission]: counts halve, zeros go
+    for (auto it = seen_.begin(); it != seen_.end();)
+      it = (it->second /= 2) == 0 ? seen_.erase(it) : std::next(it);
 
   requests_.emplace(p.id, std::move(table));
   account(p, a, true);
@@ -524,6 +740,8 @@ void BlockManager::account(const Pending& p, const Admission& a, bool add) {
   f(st_.hit_blocks, a.hit_blocks);
   f(st_.hit_tokens, a.hit_tokens);
   f(st_.adopted_blocks, a.adopted_blocks);
+  f(st_.blend_blocks, a.blends.size());
+  f(st_.blend_tokens, a.blend_tokens);
   for (int t = 0; t < kTiers; ++t) f(st_.hit_blocks_by_tier[t], a.hit_blocks_by_tier[t]);
   f(st_.new_blocks, a.new_blocks);
   f(st_.private_blocks, a.private_blocks);
@@ -531,8 +749,8 @@ void BlockManager::account(const Pending& p, const Admission& a, bool add) {
   f(st_.promoted_host_slots, a.promoted_host_slots);
 }
 
-void BlockManager::touch(const std::vector<TokenBlockId>& chain) {
-  ++tick_;
+void BlockManager::touch(const std::vector<TokenBlockId>& chain, bool tick) {
+  if (tick) ++tick_;
   double floor = -std::numeric_limits<double>::infinity();
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // last block first
     TokenBlock& b = blocks_.at(*it);  // referenced, so not listed: prio may change
@@ -543,10 +761,13 @@ void BlockManager::touch(const std::vector<TokenBlockId>& chain) {
   }
 }
 
-TokenBlockId BlockManager::create(std::uint32_t index, bool cached, std::uint64_t key) {
+TokenBlockId BlockManager::create(std::uint32_t index, bool cached, std::uint64_t key,
+                                  std::uint64_t content) {
   const TokenBlockId id = next_tb_++;
   TokenBlock& b = blocks_[id];
   b.key = key;
+  b.content = content;
+  if (cached && cfg_.reuse == Reuse::blend) by_content_[content].push_back(id);
   b.cached = cached;
   b.index = index;
   b.refs = 1;
@@ -603,6 +824,10 @@ void BlockManager::evict_slot(const Victim& victim, Tier t) {
   for (int lower = idx(t) + 1; lower < kTiers; ++lower) {
     if (cap_[lower] == 0) continue;
     const Tier to = kTierOf[lower];
+    if (to == Tier::ssd && !ssd_admits(blocks_.at(v.tb))) {  // Note [SSD admission]
+      st_.ssd_declined_slots += groups_;
+      break;
+    }
     if (free_slots(to) == 0) make_room(to, 1);  // may drop v's own block
     auto it = blocks_.find(v.tb);
     if (it == blocks_.end()) return;
@@ -639,6 +864,10 @@ void BlockManager::drop(TokenBlockId tb, Action::Reason why) {
   if (b.cached) {
     if (evictable(b)) unlist(b, tb);
     cache_.erase(b.key);
+    if (auto c = by_content_.find(b.content); c != by_content_.end()) {
+      std::erase(c->second, tb);
+      if (c->second.empty()) by_content_.erase(c);
+    }
     if (!b.damaged) eviction_->dropped(b.prio);  // Note [Eviction order]: aging
     ++st_.dropped_blocks;
   }
@@ -704,6 +933,12 @@ std::uint64_t BlockManager::spill(std::uint64_t budget_bytes) {
     if (moved + bytes > budget_bytes) break;
     if (free_slots(Tier::ssd) == 0 && !make_room(Tier::ssd, 1)) break;
     if (!blocks_.contains(v.tb) || blocks_.at(v.tb).tier[v.group] != Tier::host) continue;
+    if (!ssd_admits(blocks_.at(v.tb))) {  // Note [SSD admission]: freed, not written
+      st_.ssd_declined_slots += groups_;
+      drop(v.tb, Action::Reason::spill);
+      check_emergency();
+      continue;
+    }
     move_slot(v.tb, v.group, Tier::ssd, Action::Reason::spill);
     moved += bytes;
     ++st_.spilled_slots;
@@ -714,7 +949,8 @@ std::uint64_t BlockManager::spill(std::uint64_t budget_bytes) {
 }
 
 bool BlockManager::pin_prefix(const std::vector<workload::PromptSegment>& prefix) {
-  const std::vector<std::uint64_t> keys = block_keys(prefix, cfg_.geometry.block_tokens);
+  const std::vector<std::uint64_t> keys =
+      prompt_blocks(prefix, cfg_.geometry.block_tokens, cfg_.reuse).keys;
   std::uint64_t fresh = 0;
   for (std::uint64_t k : keys) fresh += !pins_.contains(k);
   if ((pins_.size() + fresh) * groups_ > cfg_.pin_budget_slots) return false;
@@ -732,7 +968,7 @@ bool BlockManager::pin_prefix(const std::vector<workload::PromptSegment>& prefix
 
 std::uint32_t BlockManager::cached_prefix_blocks(const workload::ServeRequest& r) const {
   std::uint32_t n = 0;
-  for (std::uint64_t k : block_keys(r.prompt, cfg_.geometry.block_tokens)) {
+  for (std::uint64_t k : prompt_blocks(r.prompt, cfg_.geometry.block_tokens, cfg_.reuse).keys) {
     if (!cache_.contains(k)) break;
     ++n;
   }
@@ -1009,7 +1245,9 @@ std::vector<RequestId> BlockManager::settle() {
     auto rq = requests_.find(f.p.id);
     if (rq == requests_.end()) continue;  // already finished
     bool holds = true;
-    for (TokenBlockId tb : rq->second) {
+    std::vector<TokenBlockId> reads = rq->second;
+    for (TokenBlockId tb : blend_sources(f.p.id)) reads.push_back(tb);
+    for (TokenBlockId tb : reads) {
       const TokenBlock& b = blocks_.at(tb);
       holds = holds && !b.damaged;
       for (std::uint32_t g = 0; g < groups_; ++g) {
@@ -1027,6 +1265,7 @@ std::vector<RequestId> BlockManager::settle() {
     for (TokenBlockId tb : f.created) damage(tb);
     const std::vector<TokenBlockId> table = std::move(rq->second);
     requests_.erase(rq);
+    release_sources(f.p.id);
     for (TokenBlockId tb : table) {
       TokenBlock& b = blocks_.at(tb);
       unref(b, tb);
@@ -1063,11 +1302,12 @@ void BlockManager::check_invariants() const {
   std::unordered_map<TokenBlockId, std::uint32_t> refs, settled_refs;
   std::unordered_set<RequestId> fresh;  // admitted, not settled: may lack slots until settle()
   for (const Fresh& f : fresh_) fresh.insert(f.p.id);
-  for (const auto& [rid, table] : requests_)
-    for (TokenBlockId tb : table) {
-      ++refs[tb];
-      if (!fresh.contains(rid)) ++settled_refs[tb];
-    }
+  for (const auto* map : {&requests_, &sources_})
+    for (const auto& [rid, table] : *map)
+      for (TokenBlockId tb : table) {
+        ++refs[tb];
+        if (!fresh.contains(rid)) ++settled_refs[tb];
+      }
   for (const auto& [id, b] : blocks_) {
     if (b.tier.size() != groups_) fail("tier vector size");
     if (refs[id] != b.refs)
@@ -1078,6 +1318,11 @@ void BlockManager::check_invariants() const {
       if (it == cache_.end() || it->second != id) fail("cached block missing from the key map");
     }
     if (b.pinned != (b.cached && pins_.contains(b.key))) fail("pin flag disagrees with pins");
+    if (cfg_.reuse == Reuse::blend && b.cached) {
+      auto c = by_content_.find(b.content);
+      if (c == by_content_.end() || std::count(c->second.begin(), c->second.end(), id) != 1)
+        fail(fmt::format("cached block {} missing from the content index", id));
+    }
     if (b.refs > 0) referenced += groups_;
     if (b.absent.size() != groups_) fail("absent vector size");
     for (std::uint32_t g = 0; g < groups_; ++g) {
@@ -1096,6 +1341,9 @@ void BlockManager::check_invariants() const {
     }
   }
   if (cache_.size() > blocks_.size()) fail("key map larger than the block map");
+  std::size_t indexed = 0;
+  for (const auto& [content, ids] : by_content_) indexed += ids.size();
+  if (indexed > cache_.size()) fail("content index larger than the key map");
   for (int t = 0; t < kTiers; ++t) {
     if (used[t] != used_[t]) fail(fmt::format("tier {} used {} != {}", t, used_[t], used[t]));
     if (lockd[t] != locked_[t])

@@ -1,6 +1,10 @@
 #include "u3m/kv/recompute.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 namespace u3m::kv {
 
@@ -42,6 +46,28 @@ KvSource RecomputeOrFetch::choose(std::uint32_t block, std::span<const Action* c
 
 std::string_view to_string(KvSource s) {
   return s == KvSource::fetch ? "fetch" : "recompute";
+}
+
+// Note [Blend cost]
+// CacheBlend (Yao et al., EuroSys 2025, section 4) fixes a reused chunk's KV by recomputing
+// the tokens whose KV deviates most from a full prefill, about 15% by default. It finds them
+// with a first layer computed for every token of the chunk (then narrows layer by layer,
+// which this count takes as settled after the first). So a blended block of t tokens costs
+//   ceil(fraction * t)  tokens through all layers (the recomputed ones), plus
+//   ceil(t / layers)    the selection layer: one layer of all t tokens, counted as t / layers
+//                       tokens through all of them (exact for the linear FLOPs, which
+//                       dominate at RAG lengths; attention is charged at the block's start).
+// The rest of the block is fetched: its source's bytes are copied into the request's own block
+// and its keys re-rotated to their new positions (read and write of K: the driver charges
+// those bytes). Capped at t.
+std::uint32_t blend_recompute_tokens(std::uint32_t tokens, double fraction, std::uint32_t layers) {
+  if (!(fraction >= 0 && fraction <= 1))
+    throw std::invalid_argument(fmt::format("kv: blend fraction {} is not in [0, 1]", fraction));
+  if (tokens == 0) return 0;
+  // Less a hair, so that 0.15 * 20 is 3 and not 3.0000000000000004.
+  const auto recompute = static_cast<std::uint64_t>(std::ceil(fraction * tokens - 1e-9));
+  const std::uint64_t selection = layers ? (tokens + layers - 1) / layers : tokens;
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(tokens, recompute + selection));
 }
 
 }  // namespace u3m::kv

@@ -184,6 +184,12 @@ std::vector<Admission> TieredStore::finish(RequestId id) {
   return decided(bm_.finish(id));
 }
 
+void TieredStore::prefilled(RequestId id) {
+  if (opt_.blocking) drain();
+  bm_.prefilled(id);
+  execute();  // a damaged source nobody reads any more is freed
+}
+
 std::vector<Admission> TieredStore::admit_waiting() {
   if (opt_.blocking) drain();
   return decided(bm_.admit_waiting());
@@ -274,9 +280,10 @@ std::vector<RequestId> TieredStore::poll() {
 bool TieredStore::ready(RequestId id) const {
   if (!bm_.running(id)) return false;
   const std::uint32_t groups = bm_.config().geometry.groups();
-  for (TokenBlockId tb : bm_.table(id))
-    for (std::uint32_t g = 0; g < groups; ++g)
-      if (block_pending_.contains(block_id(tb, g))) return false;
+  for (const auto* blocks : {&bm_.table(id), &bm_.blend_sources(id)})
+    for (TokenBlockId tb : *blocks)
+      for (std::uint32_t g = 0; g < groups; ++g)
+        if (block_pending_.contains(block_id(tb, g))) return false;
   return true;
 }
 

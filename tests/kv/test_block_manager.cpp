@@ -178,6 +178,30 @@ TEST(BlockKeys, FollowTheSegmentChain) {
   EXPECT_TRUE(block_keys({{"s", 3}}, 4).empty());
 }
 
+TEST(PromptBlocks, BlendLayoutStartsEverySegmentOnABlock) {
+  const std::vector<PromptSegment> p = {{"sys", 6}, {"p1", 5}, {"q", 3}};
+  const PromptBlocks exact = prompt_blocks(p, 4, Reuse::exact);
+  EXPECT_EQ(exact.keys, block_keys(p, 4));
+  EXPECT_EQ(exact.start, (std::vector<std::uint32_t>{0, 4, 8}));
+  EXPECT_EQ(exact.tail, 2u);          // 14 tokens: 3 full blocks and 2
+  EXPECT_EQ(exact.blocks(3, 4), 5u);  // ceil(17 / 4)
+  const PromptBlocks blend = prompt_blocks(p, 4, Reuse::blend);
+  // sys: [0,4) [4,6); p1: [6,10) [10,11); q: [11,14) is the partial last block, private.
+  EXPECT_EQ(blend.start, (std::vector<std::uint32_t>{0, 4, 6, 10}));
+  EXPECT_EQ(blend.tokens, (std::vector<std::uint32_t>{4, 2, 4, 1}));
+  EXPECT_EQ(blend.tail, 3u);
+  EXPECT_EQ(blend.blocks(3, 4), 4u + 2u);  // 3 + 3 tokens in the private blocks
+  // p1's blocks have one content wherever p1 sits, and chain keys that follow the context.
+  const PromptBlocks moved = prompt_blocks({{"x", 4}, {"p1", 5}, {"q", 3}}, 4, Reuse::blend);
+  EXPECT_EQ(moved.content[1], blend.content[2]);
+  EXPECT_EQ(moved.content[2], blend.content[3]);
+  EXPECT_NE(moved.keys[1], blend.keys[2]);
+  const PromptBlocks same = prompt_blocks({{"sys", 6}, {"p1", 5}, {"r", 4}}, 4, Reuse::blend);
+  EXPECT_EQ(same.keys[3], blend.keys[3]);  // same chain before it: the same key
+  EXPECT_EQ(same.tail, 0u);                // r fills its block: shareable
+  EXPECT_EQ(same.keys.size(), 5u);
+}
+
 // ---------------------------------------------------------------- prefix sharing
 
 TEST(KvPrefix, BaselineRepeatedPromptHits) {
@@ -578,6 +602,127 @@ TEST(KvTiers, PromotionCanBeTurnedOff) {
 
 // ---------------------------------------------------------------- overcommit and queue
 
+// ---------------------------------------------------------------- segment reuse, SSD admission
+
+TEST(KvBlend, PassageAfterAnotherContextIsCopiedFromItsSourceAndSourcesAreReleased) {
+  KvConfig c = hbm_only(64);
+  c.reuse = Reuse::blend;
+  BlockManager m(c);
+  // 1 caches sys, p1, p2; 2 has p2 before p1: sys hits exactly, p2 and p1 blend.
+  run_once(m, 1, req({{"sys", 4}, {"p1", 4}, {"p2", 6}, {"q1", 2}}, 2));
+  Admission a;
+  ASSERT_EQ(m.submit(2, req({{"sys", 4}, {"p2", 6}, {"p1", 4}, {"q2", 2}}, 2), &a),
+            SubmitResult::admitted);
+  EXPECT_EQ(a.hit_blocks, 1u);
+  EXPECT_EQ(a.hit_tokens, 4u);
+  ASSERT_EQ(a.blends.size(), 3u);  // p2's two blocks and p1's
+  EXPECT_EQ(a.blend_tokens, 10u);
+  EXPECT_EQ(a.new_blocks, 3u);  // each blend is a block of its own, cached under its chain
+  const auto& t = m.table(2);
+  for (const auto& b : a.blends) EXPECT_NE(t[b.index], b.source);
+  EXPECT_EQ(m.blend_sources(2).size(), 3u);
+  m.check_invariants();
+  // A source is referenced while the prefill reads it: not a victim.
+  EXPECT_EQ(m.referenced_slots(), (1u + 3u + 1u + 3u) * 2u);  // sys, blends, q2 + out, sources
+  m.prefilled(2);
+  EXPECT_TRUE(m.blend_sources(2).empty());
+  EXPECT_EQ(m.referenced_slots(), (1u + 3u + 1u) * 2u);
+  m.check_invariants();
+  m.finish(2);
+  // A repeat of 2's prompt now hits all of it exactly: the blends were cached.
+  const Admission again = run_once(m, 3, req({{"sys", 4}, {"p2", 6}, {"p1", 4}, {"q2", 2}}, 2));
+  EXPECT_EQ(again.hit_blocks, 4u);
+  EXPECT_EQ(again.hit_tokens, 14u);
+  EXPECT_TRUE(again.blends.empty());
+  EXPECT_EQ(m.stats().blend_blocks, 3u);
+  EXPECT_EQ(m.stats().blend_tokens, 10u);
+  // Exact reuse sees none of this: p2 first breaks the chain after sys.
+  BlockManager e(hbm_only(64));
+  run_once(e, 1, req({{"sys", 4}, {"p1", 4}, {"p2", 6}, {"q1", 2}}, 2));
+  const Admission ex = run_once(e, 2, req({{"sys", 4}, {"p2", 6}, {"p1", 4}, {"q2", 2}}, 2));
+  EXPECT_EQ(ex.hit_tokens, 4u);
+  EXPECT_TRUE(ex.blends.empty());
+}
+
+TEST(KvBlend, SourceOnSsdIsPromotedForTheCopy) {
+  KvConfig c = hbm_homes(6, 0, 8);  // HBM: three token blocks of 2 groups; SSD behind
+  c.reuse = Reuse::blend;
+  BlockManager m(c);
+  run_once(m, 1, prompt_only("p1"));
+  run_once(m, 2, req({{"a", 4}, {"b", 4}, {"c", 4}}, 0));  // p1 goes down to SSD
+  ASSERT_EQ(m.stats().demoted_slots[0], 2u);
+  Admission a;
+  ASSERT_EQ(m.submit(3, req({{"x", 4}, {"p1", 4}}, 0), &a), SubmitResult::admitted);
+  ASSERT_EQ(a.blends.size(), 1u);
+  EXPECT_EQ(a.promoted_slots, 2u);  // the source comes up: a copy reads memory
+  m.take_actions();
+  for (std::uint32_t g = 0; g < 2; ++g) EXPECT_EQ(m.slot_tier(a.blends[0].source, g), Tier::device);
+  m.check_invariants();
+  drain(m, m.finish(3));
+  m.check_invariants();
+}
+
+TEST(KvSsdAdmission, VictimsSeenFewerTimesThanTheThresholdAreDroppedNotWritten) {
+  for (std::uint32_t after : {0u, 2u}) {
+    KvConfig c = hbm_homes(2, 0, 8);  // HBM holds one token block; SSD behind it
+    c.ssd_admit_after = after;
+    BlockManager m(c);
+    run_once(m, 1, prompt_only("once"));
+    run_once(m, 2, prompt_only("twice"));
+    run_once(m, 3, prompt_only("twice"));  // "once" leaves HBM
+    run_once(m, 4, prompt_only("other"));  // "twice" leaves HBM
+    std::uint64_t written = 0;
+    for (const Action& a : m.take_actions())
+      written += a.kind == Action::Kind::move && a.to == Tier::ssd;
+    if (after == 0) {
+      EXPECT_EQ(written, 4u) << "every victim is written, both groups";
+      EXPECT_EQ(m.stats().ssd_declined_slots, 0u);
+    } else {
+      EXPECT_EQ(written, 2u) << "only `twice` was seen twice";
+      EXPECT_EQ(m.stats().ssd_declined_slots, 2u);
+      EXPECT_EQ(m.cached_prefix_blocks(prompt_only("once")), 0u);
+      EXPECT_EQ(m.cached_prefix_blocks(prompt_only("twice")), 1u);
+    }
+    m.check_invariants();
+  }
+}
+
+// Note [Cache-aware admission]: requests whose prompt is cached go first, but nobody is passed
+// over more than max_bypass times.
+TEST(KvAdmission, CacheAwareQueueLetsHotRequestsPassAtMostMaxBypassTimes) {
+  for (std::uint32_t max_bypass : {0u, 2u}) {
+    KvConfig c = hbm_only(12);  // six token blocks
+    c.max_bypass = max_bypass;
+    c.min_queue = 8;  // room to wait for all four
+    BlockManager m(c);
+    ASSERT_EQ(m.submit(1, req({{"hot", 4}}, 16)), SubmitResult::admitted);  // 5 blocks
+    ASSERT_EQ(m.submit(2, req({{"cold", 4}}, 4)), SubmitResult::queued);    // needs 2 new
+    for (RequestId id = 3; id <= 5; ++id)  // `hot` cached: each needs one new block
+      ASSERT_EQ(m.submit(id, req({{"hot", 4}}, 4)), SubmitResult::queued);
+    std::vector<RequestId> order;
+    auto note = [&](const std::vector<Admission>& adm) {
+      for (const Admission& a : adm) order.push_back(a.id);
+    };
+    note(m.admit_waiting());
+    if (max_bypass == 0) {
+      EXPECT_TRUE(order.empty()) << "FIFO: the cold request blocks the queue";
+      note(m.finish(1));
+      ASSERT_GE(order.size(), 1u);
+      EXPECT_EQ(order[0], 2u);
+      continue;
+    }
+    ASSERT_EQ(order, (std::vector<RequestId>{3}));  // passes the cold request once
+    note(m.finish(3));
+    ASSERT_EQ(order, (std::vector<RequestId>{3, 4}));  // twice
+    note(m.finish(4));
+    EXPECT_EQ(order, (std::vector<RequestId>{3, 4})) << "a third pass would exceed the bound";
+    note(m.finish(1));
+    ASSERT_GE(order.size(), 3u);
+    EXPECT_EQ(order[2], 2u) << "the cold request goes before the hot one behind it";
+    m.check_invariants();
+  }
+}
+
 TEST(KvAdmission, OvercommitCapsReferencedKvAtOneAndAHalfHbm) {
   KvConfig c = tiered(8, 100, 0);
   c.overcommit = 1.5;  // 12 referenced slots
@@ -690,12 +835,18 @@ TEST(KvEmergency, AlertAndThrottledSpillToSsd) {
 // tiers, and at the end every request ran exactly once: none was lost.
 TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
   int lru_runs = 0;
-  for (auto policy :
-       {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf, EvictionPolicy::lru}) {
+  for (auto policy : {EvictionPolicy::lru, EvictionPolicy::lfu, EvictionPolicy::pgdsf,
+                      EvictionPolicy::lru, EvictionPolicy::lru}) {
     KvConfig c = tiered(12, 24, 30);
-    // The repeated lru runs with every home in HBM: DRAM hits are promoted.
-    const bool hbm_home = policy == EvictionPolicy::lru && ++lru_runs == 2;
+    // The second lru run has every home in HBM: DRAM hits are promoted. The third also
+    // blends segments and filters SSD writes (Note [Segment reuse], Note [SSD admission]).
+    const int lru_run = policy == EvictionPolicy::lru ? ++lru_runs : 0;
+    const bool hbm_home = lru_run >= 2, blend = lru_run == 3;
     if (hbm_home) c.home.assign(c.geometry.groups(), Tier::device);
+    if (blend) {
+      c.reuse = Reuse::blend;
+      c.ssd_admit_after = 2;
+    }
     c.policy = policy;
     c.overcommit = 1.5;
     c.pin_budget_slots = 2;
@@ -741,10 +892,16 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
       std::array<std::uint64_t, kTiers> per{};
       for (const auto& [b, t] : model) ++per[static_cast<int>(t)];
       for (int t = 0; t < kTiers; ++t) ASSERT_EQ(per[t], m.use(static_cast<Tier>(t)).used);
-      for (RequestId r : running)
+      for (RequestId r : running) {
         for (TokenBlockId tb : m.table(r))
           for (std::uint32_t g = 0; g < 2; ++g)
             ASSERT_EQ(model.at(block_id(tb, g)), m.slot_tier(tb, g));
+        for (TokenBlockId tb : m.blend_sources(r))  // a source is read: in memory
+          for (std::uint32_t g = 0; g < 2; ++g) {
+            ASSERT_EQ(model.at(block_id(tb, g)), m.slot_tier(tb, g));
+            ASSERT_NE(m.slot_tier(tb, g), Tier::ssd);
+          }
+      }
     };
     auto admitted = [&](const std::vector<Admission>& adm) {
       for (const Admission& a : adm) ASSERT_TRUE(running.insert(a.id).second);
@@ -784,9 +941,14 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
         auto it = running.begin();
         std::advance(it, static_cast<long>(pick(running.size())));
         const RequestId id = *it;
-        running.erase(it);
-        finished.insert(id);
-        admitted(m.finish(id));
+        if (blend && pick(2)) {
+          m.prefilled(id);  // its prefill is done; it runs on
+          EXPECT_TRUE(m.blend_sources(id).empty());
+        } else {
+          running.erase(it);
+          finished.insert(id);
+          admitted(m.finish(id));
+        }
       }
       if (m.emergency()) m.spill(c.geometry.slot_bytes() * 2);
       check();
@@ -816,6 +978,10 @@ TEST(KvProperty, RandomWorkloadLosesNoRequestAndKeepsEveryInvariant) {
     EXPECT_GT(m.stats().hit_blocks, 0u);
     EXPECT_GT(m.stats().dropped_blocks + m.stats().demoted_slots[0], 0u);
     EXPECT_EQ(m.referenced_slots(), 0u);
+    if (blend) {
+      EXPECT_GT(m.stats().blend_blocks, 0u) << "no segment was blended";
+      EXPECT_GT(m.stats().ssd_declined_slots, 0u) << "the SSD filter never declined a victim";
+    }
     if (hbm_home) {
       EXPECT_GT(m.stats().promoted_host_slots, 0u) << "no DRAM hit was promoted";
     }

@@ -58,9 +58,24 @@ struct KvGeometry {
                        std::uint32_t layers_per_group = 4, std::uint32_t dtype_bytes = 2);
 };
 
+// How prompts reuse cached KV (Note [Segment reuse] in block_manager.cpp).
+//   exact  a block is reused only where the whole chain of prompt content before it is the
+//          same (vLLM's prefix caching; RAGCache's knowledge tree at block granularity);
+//   blend  besides exact hits, a block of a segment (a passage) cached after any other
+//          context is reused at a new position: the request gets its own copy, re-rotated,
+//          with a share of its tokens recomputed (CacheBlend). The driver charges that work.
+enum class Reuse : std::uint8_t { exact, blend };
+std::string_view to_string(Reuse r);
 
 struct KvConfig {
   KvGeometry geometry;
+  Reuse reuse = Reuse::exact;
+  // Note [SSD admission]: a victim is written to SSD only once its content was looked up by
+  // at least this many admissions; below it is dropped. 0 or 1: every victim is written.
+  std::uint32_t ssd_admit_after = 0;
+  // Note [Cache-aware admission]: a queued request may be passed over by at most this many
+  // later ones that have more of their prompt cached; 0: the queue is FIFO.
+  std::uint32_t max_bypass = 0;
   std::array<std::uint64_t, kTiers> capacity_slots{};  // per tier; device must be > 0
   // Home tier of each layer group (size geometry.groups(), device or host).
   // Empty: the design's default, default_homes(groups, 4 layers).
@@ -90,6 +105,22 @@ struct KvConfig {
 // Content-addressed keys of a prompt's full blocks (Note [Block keys]).
 std::vector<std::uint64_t> block_keys(const std::vector<workload::PromptSegment>& prompt,
                                       std::uint32_t block_tokens);
+
+// A prompt's shareable token blocks under a reuse mode (Note [Segment reuse]). exact: the full
+// blocks of the packed prompt (keys = block_keys). blend: each segment starts a new block, so
+// a segment's blocks hold its tokens alone and can be found by content wherever it sits.
+// Every shareable block but the last prompt block when that one is partial: it is the
+// request's own, decode writes on into it.
+struct PromptBlocks {
+  std::vector<std::uint64_t> keys;     // chain keys: equal exactly when all content before is
+  std::vector<std::uint64_t> content;  // blend: the segment block's own content; exact: = keys
+  std::vector<std::uint32_t> start;    // first prompt token of the block
+  std::vector<std::uint32_t> tokens;   // prompt tokens in it (<= block_tokens)
+  std::uint32_t tail = 0;              // prompt tokens in the private last block
+  std::uint64_t blocks(std::uint64_t output_tokens, std::uint32_t block_tokens) const;
+};
+PromptBlocks prompt_blocks(const std::vector<workload::PromptSegment>& prompt,
+                           std::uint32_t block_tokens, Reuse reuse);
 
 using RequestId = std::uint64_t;
 using TokenBlockId = std::uint64_t;  // serial, never reused
@@ -130,8 +161,8 @@ struct Admission {
   RequestId id = 0;
   std::uint32_t blocks = 0;                       // token blocks of prompt + output
   std::uint32_t prompt_full_blocks = 0;           // shareable ones
-  std::uint32_t hit_blocks = 0;                   // leading full blocks found cached
-  std::uint64_t hit_tokens = 0;                   // hit_blocks * block_tokens
+  std::uint32_t hit_blocks = 0;                   // leading shareable blocks found cached
+  std::uint64_t hit_tokens = 0;                   // their prompt tokens
   std::uint32_t hit_blocks_by_tier[kTiers] = {};  // by the lowest tier a slot was in
   std::uint32_t adopted_blocks = 0;  // cached blocks after a miss (Note [Adopted blocks])
   std::uint32_t new_blocks = 0;      // full prompt blocks created (now cached)
@@ -139,6 +170,15 @@ struct Admission {
   std::uint32_t promoted_slots = 0;  // moved up from SSD for this request
   // Moved up from DRAM into HBM for this request (Note [Promoting DRAM hits]).
   std::uint32_t promoted_host_slots = 0;
+  // Note [Segment reuse]: blocks after the hit run whose segment content is cached after
+  // another context. Each gets a new block of its own (counted in new_blocks) that the driver
+  // fills from the source's slots, re-rotates, and partly recomputes.
+  struct Blend {
+    std::uint32_t index = 0;  // logical token block of the request
+    TokenBlockId source = 0;  // cached block it copies, referenced until prefilled()
+  };
+  std::vector<Blend> blends;
+  std::uint64_t blend_tokens = 0;  // prompt tokens in those blocks
 };
 
 enum class SubmitResult : std::uint8_t {
@@ -169,6 +209,8 @@ struct KvStats {
   std::uint64_t prompt_tokens = 0;  // of admitted requests
   std::uint64_t lookup_blocks = 0;  // full prompt blocks looked up
   std::uint64_t hit_blocks = 0, hit_tokens = 0, adopted_blocks = 0;
+  std::uint64_t blend_blocks = 0, blend_tokens = 0;  // Note [Segment reuse]
+  std::uint64_t ssd_declined_slots = 0;              // Note [SSD admission]: dropped, not written
   std::uint64_t hit_blocks_by_tier[kTiers] = {};
   std::uint64_t new_blocks = 0, private_blocks = 0;
   std::uint64_t promoted_slots = 0, promoted_host_slots = 0;
@@ -195,6 +237,11 @@ class BlockManager {
   // cached. Then queued requests are admitted in order while they fit; their
   // admissions are returned. invalid_argument for an unknown id.
   std::vector<Admission> finish(RequestId id);
+  // The request's prefill is done: the sources of its blends (Admission::blends) are no
+  // longer read and become evictable. finish() does it too. No-op for an unknown id.
+  void prefilled(RequestId id);
+  // The cached blocks the request's blends still read (empty once prefilled).
+  const std::vector<TokenBlockId>& blend_sources(RequestId id) const;
 
   // Note [DRAM emergency]: moves cold DRAM blocks to SSD, at most budget_bytes
   // (the driver gives rate * elapsed time, ~1 GB/s). Returns bytes moved.
@@ -261,7 +308,8 @@ class BlockManager {
 
  private:
   struct TokenBlock {
-    std::uint64_t key = 0;  // chain key; meaningful when cached
+    std::uint64_t key = 0;      // chain key; meaningful when cached
+    std::uint64_t content = 0;  // Note [Segment reuse]: the segment block's content key
     bool cached = false;    // in cache_ (a full prompt block); else private
     bool pinned = false;
     std::uint32_t index = 0;      // position in the sequence
@@ -281,9 +329,12 @@ class BlockManager {
   };
   struct Pending {
     RequestId id;
-    std::vector<std::uint64_t> keys;  // full prompt blocks
+    std::vector<std::uint64_t> keys;  // shareable prompt blocks (PromptBlocks)
+    std::vector<std::uint64_t> content;
+    std::vector<std::uint32_t> tokens;
     std::uint64_t prompt_tokens;
     std::uint32_t blocks;  // prompt + output
+    std::uint32_t bypassed = 0;  // Note [Cache-aware admission]
   };
   // A prepared action not completed yet (Note [Two-phase actions]).
   struct Op {
@@ -312,9 +363,16 @@ class BlockManager {
   Admission admit(const Pending& p, bool from_queue);
   void account(const Pending& p, const Admission& a, bool add);  // admission counters
   void admit_queued(std::vector<Admission>& out);
-  void touch(const std::vector<TokenBlockId>& chain);
+  std::uint64_t cached_tokens(const Pending& p) const;  // what an admission now would reuse
+  void touch(const std::vector<TokenBlockId>& chain, bool tick = true);
 
-  TokenBlockId create(std::uint32_t index, bool cached, std::uint64_t key);
+  TokenBlockId create(std::uint32_t index, bool cached, std::uint64_t key,
+                      std::uint64_t content = 0);
+  // Note [Segment reuse]: a cached block holding this content after another context, the
+  // one in the highest tier; 0 when none or when reuse is exact.
+  TokenBlockId blend_source(std::uint64_t content) const;
+  void release_sources(RequestId id);
+  bool ssd_admits(const TokenBlock& b) const;  // Note [SSD admission]
   Tier take_slot(std::uint32_t g);  // a free memory slot for group g, evicting if needed
   void place(TokenBlockId tb, std::uint32_t g, Action::Reason why);  // promote from SSD
   bool promote_host(TokenBlockId tb, std::uint32_t g);               // DRAM -> HBM if HBM has room
@@ -355,6 +413,10 @@ class BlockManager {
   std::unordered_set<std::uint64_t> pins_;                 // pinned chain keys
   std::array<std::set<Victim>, kTiers> victims_;
   std::unordered_map<RequestId, std::vector<TokenBlockId>> requests_;
+  std::unordered_map<RequestId, std::vector<TokenBlockId>> sources_;  // blend sources held
+  // Note [Segment reuse]: cached blocks by content key (blend only).
+  std::unordered_map<std::uint64_t, std::vector<TokenBlockId>> by_content_;
+  std::unordered_map<std::uint64_t, std::uint32_t> seen_;  // Note [SSD admission]
   std::deque<Pending> queue_;
   std::vector<Action> actions_;  // prepared, not taken yet
   // Note [Two-phase actions]: pending actions by seq; the last pending action per slot; per

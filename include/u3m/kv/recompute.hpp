@@ -46,4 +46,9 @@ class RecomputeOrFetch {
   std::array<double, kTiers> own_{};  // link time of this admission's fetches, by source tier
 };
 
+// Note [Blend cost] in src/kv/recompute.cpp: how many of a blended block's `tokens` its
+// request runs through all `layers` again, at recompute share `fraction` (in [0, 1]).
+std::uint32_t blend_recompute_tokens(std::uint32_t tokens, double fraction, std::uint32_t layers);
+inline constexpr double kDefaultBlendFraction = 0.15;  // CacheBlend's default share
+
 }  // namespace u3m::kv

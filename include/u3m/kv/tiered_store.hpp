@@ -104,6 +104,8 @@ class TieredStore {
   // the front of the queue and do not return it.
   SubmitResult submit(RequestId id, const workload::ServeRequest& r, Admission* out = nullptr);
   std::vector<Admission> finish(RequestId id);
+  // BlockManager::prefilled: the request's blend sources are no longer read.
+  void prefilled(RequestId id);
   std::vector<Admission> admit_waiting();
   std::uint64_t spill(std::uint64_t budget_bytes);
   bool pin_prefix(const std::vector<workload::PromptSegment>& prefix);
@@ -128,7 +130,8 @@ class TieredStore {
   // admissions once no admission-critical action is pending. Returns the requests whose
   // admission was rolled back (the caller still owns them and may submit them again).
   std::vector<RequestId> poll();
-  // True when the request runs and none of its blocks has a pending action.
+  // True when the request runs and none of its blocks, nor of its blend sources, has a
+  // pending action.
   bool ready(RequestId id) const;
   // The actions the calls since the last poll() emitted, in seq order; none has started (a
   // driver picks recompute-or-fetch from them before the next poll()).
