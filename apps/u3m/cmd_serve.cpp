@@ -23,7 +23,7 @@ namespace {
 
 struct ServeArgs {
   std::string requests, model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
-  std::string policies = "hbm-only,u3m";
+  std::string policies = fmt::format("{}", fmt::join(experiments::serve_default_policies(), ","));
   std::uint32_t cards = 4, limit = 0;
   double slo_ttft_ms = 0, slo_tpot_ms = 0, slo_ttft_factor = -1, rate_scale = 1;
   experiments::ServeScenario knobs;  // the remaining scenario fields, with their defaults
@@ -249,6 +249,18 @@ void add_common(CLI::App* c, ServeArgs& a) {
       ->check(CLI::IsMember({"shared", "separate"}))
       ->capture_default_str();
   c->add_flag("--json", a.json, "One JSON object with the scenario, the profile and the version");
+  c->add_option("--blend-recompute", a.knobs.blend_fraction,
+                "u3m-blend: the share of a reused passage's tokens recomputed at its new "
+                "position (CacheBlend's selective recompute)")
+      ->capture_default_str();
+  c->add_option("--ssd-admit-after", a.knobs.ssd_admit_after,
+                "u3m policies: a KV block is written to SSD only once its content was looked "
+                "up by this many requests (0 or 1: every victim is written)")
+      ->capture_default_str();
+  c->add_option("--sched-bypass", a.knobs.sched_bypass,
+                "u3m policies: a queued request may be passed over at most this many times by "
+                "later ones with more of their prompt cached (0: first come, first served)")
+      ->capture_default_str();
   c->add_option("--ssd-dwpd", a.knobs.ssd_rated_dwpd,
                 "The SSDs' rated drive writes per day, against which the run's SSD wear is "
                 "reported (0: the profile's endurance / capacity / warranty)");

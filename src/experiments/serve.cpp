@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "u3m/util/error.hpp"
 #include "u3m/workload/analytic.hpp"
 
@@ -40,10 +42,31 @@ namespace u3m::experiments {
 //               HBM, the rest in DRAM, overcommit 1.5: decode streams most of
 //               every request's KV over the host link each step.
 //   u3m-pgdsf   `u3m` with RAGCache's PGDSF eviction instead of LRU.
+//   u3m-blend   `u3m-tiered` with segment reuse (Note [Segment reuse] in
+//               src/kv/block_manager.cpp): a passage's KV cached after one
+//               context is reused after another, copied, re-rotated and
+//               partly recomputed (blend_fraction, Note [Blend cost]).
+// The baselines a user would run instead, at the same HBM, DRAM and SSD:
+//   vllm-offload  vLLM's prefix caching with its native CPU offloading: HBM +
+//               DRAM, LRU, a DRAM hit copied back into HBM, no SSD.
+//   lmcache     an LMCache-like exact chunk cache: 256-token chunks (its
+//               default chunk size) in HBM, DRAM and local disk, LRU, every
+//               hit fetched.
+// u3m, u3m-tiered, u3m-blend and u3m-pgdsf filter what they write to SSD (Note [SSD
+// admission]; ServeScenario::ssd_admit_after) and reorder their admission queue by cached
+// length (Note [Cache-aware admission]; ServeScenario::sched_bypass); u3m-dram and u3m-design
+// filter their SSD writes too. The baselines do neither.
 //
 const std::vector<std::string>& serve_policy_names() {
-  static const std::vector<std::string> n = {"hbm-only", "u3m",        "u3m-tiered",
-                                             "u3m-dram", "u3m-design", "u3m-pgdsf"};
+  static const std::vector<std::string> n = {"hbm-only", "vllm-offload", "lmcache",
+                                             "u3m",      "u3m-blend",    "u3m-tiered",
+                                             "u3m-dram", "u3m-design",   "u3m-pgdsf"};
+  return n;
+}
+
+const std::vector<std::string>& serve_default_policies() {
+  static const std::vector<std::string> n = {"hbm-only", "vllm-offload", "lmcache", "u3m",
+                                             "u3m-blend"};
   return n;
 }
 
@@ -51,24 +74,34 @@ ServePolicy serve_policy(const std::string& name) {
   ServePolicy p;
   p.name = name;
   if (name == "hbm-only") return p;
-  if (name == "u3m" || name == "u3m-pgdsf" || name == "u3m-tiered") {
-    p.dram = name == "u3m-tiered";
+  if (name == "vllm-offload") {
+    p.dram = true;
+    return p;
+  }
+  if (name == "lmcache") {
+    p.dram = p.ssd = true;
+    p.block_tokens = 256;
+    return p;
+  }
+  if (name == "u3m" || name == "u3m-pgdsf" || name == "u3m-tiered" || name == "u3m-blend") {
+    p.dram = name == "u3m-tiered" || name == "u3m-blend";
     p.ssd = true;
     p.recompute_choice = true;
+    p.ssd_admission = p.cache_aware = true;
     if (name == "u3m-pgdsf") p.eviction = kv::EvictionPolicy::pgdsf;
+    if (name == "u3m-blend") p.reuse = kv::Reuse::blend;
     return p;
   }
   if (name == "u3m-dram" || name == "u3m-design") {
     p.dram = p.ssd = true;
     p.overcommit = 1.5;
     p.recompute_choice = true;
+    p.ssd_admission = true;
     p.design_homes = name == "u3m-design";
     return p;
   }
-  input_error("--kv-policy",
-              "unknown policy '{}' (choices: hbm-only, u3m, u3m-tiered, u3m-dram, u3m-design, "
-              "u3m-pgdsf)",
-              name);
+  input_error("--kv-policy", "unknown policy '{}' (choices: {})", name,
+              fmt::join(serve_policy_names(), ", "));
 }
 
 // Note [Default SLOs]
@@ -142,6 +175,8 @@ void ServeScenario::validate() const {
   if (slo.tpot_ms < 0 || !std::isfinite(slo.tpot_ms))
     input_error("--slo-tpot-ms", "must be a finite number >= 0 (0: default), got {}", slo.tpot_ms);
   if (block_tokens == 0) input_error("--block-tokens", "must be >= 1");
+  if (!(blend_fraction >= 0 && blend_fraction <= 1))
+    input_error("--blend-recompute", "must be in [0, 1], got {}", blend_fraction);
   if (max_batch_tokens == 0) input_error("--max-batch-tokens", "must be >= 1");
   if (max_running == 0) input_error("max_running", "must be >= 1");
   if (!(hbm_utilization > 0 && hbm_utilization <= 1))

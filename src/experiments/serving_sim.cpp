@@ -39,9 +39,11 @@ namespace u3m::experiments {
 // token budget (max_batch_tokens, default 2048) with prefill chunks of
 // admitted requests in admission order. A request's first token comes at the
 // end of the iteration that finishes its prefill; each later iteration adds
-// one token. Admission is the block manager's: a request reserves all its
-// KV (prompt + output) when admitted and is never preempted, so both policies
-// admit under the same rule; hbm-only simply has less room.
+// one token. A request's prefill chunk may span several of its ranges left to
+// compute (recomputed blocks, blended blocks' recomputed tokens, the uncached
+// tail): one forward pass takes them all, as far as the budget goes. Admission is the block
+// manager's: a request reserves all its KV (prompt + output) when admitted and is never preempted,
+// so both policies admit under the same rule; hbm-only simply has less room.
 //
 // Note [Write-behind]
 // Demoting a victim copies it out before its slot is reused: HBM -> DRAM
@@ -182,7 +184,7 @@ ServingSim::ServingSim(const ServeScenario& s, std::uint64_t stop_after, Fleet& 
                        hw.node.cards_per_node.si * n,
                    hw.network.latency.si};
   net_tx_.model = net_rx_.model;
-  block_bytes_ = workload::analytic::kv_bytes_per_token(s.shape) * s.block_tokens;
+  block_bytes_ = workload::analytic::kv_bytes_per_token(s.shape) * block_tokens();
   eff_flops_ = hw.device.peak_flops.si * hw.device.matmul_efficiency.si * n;
   const kv::KvConfig c = make_config();
   const double slot = double(geo_.slot_bytes());
@@ -221,9 +223,12 @@ ServingSim::~ServingSim() {
 }
 
 kv::KvConfig ServingSim::make_config() {
-  geo_ = kv::KvGeometry::of(s_.shape, s_.block_tokens, s_.layers_per_group);
+  geo_ = kv::KvGeometry::of(s_.shape, block_tokens(), s_.layers_per_group);
   kv::KvConfig c;
   c.geometry = geo_;
+  c.reuse = pol_.reuse;
+  if (pol_.ssd_admission) c.ssd_admit_after = s_.ssd_admit_after;
+  if (pol_.cache_aware) c.max_bypass = s_.sched_bypass;
   const double slot = static_cast<double>(geo_.slot_bytes());
   const double n = s_.cards;
   const double kv_hbm =
@@ -235,7 +240,7 @@ kv::KvConfig ServingSim::make_config() {
     input_error("--block-tokens",
                 "{} tokens make a KV slot of {:.1f} GB, more than the {:.1f} GB of HBM the "
                 "weights leave on {} x {}",
-                s_.block_tokens, slot / 1e9, kv_hbm / 1e9, s_.cards, s_.hw.name);
+                block_tokens(), slot / 1e9, kv_hbm / 1e9, s_.cards, s_.hw.name);
   c.capacity_slots[0] = static_cast<std::uint64_t>(kv_hbm / slot);
   if (pol_.dram)
     c.capacity_slots[1] =
@@ -290,7 +295,6 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
         promos[a->block / kv::kMaxGroups].push_back(a);
   const sim::SimTransport& tr = stack_->transport;
   auto link = [&](Link l) { return tr.config().links[li(l)]; };
-  const std::uint64_t B = s_.block_tokens;
   const kv::RecomputeCosts costs{
       .recompute_s = [&](std::uint32_t i) { return geo_.recompute_flops(i) / eff_flops_; },
       .fetch_s = [&](Tier f, Tier t, std::uint64_t b) { return fetch_s(f, t, b); },
@@ -303,6 +307,7 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
     running_.push_back(a.id);
     res_.max_concurrency = std::max<std::uint64_t>(res_.max_concurrency, running_.size());
     const auto& table = bm().table(a.id);
+    const kv::PromptBlocks& lay = q.layout;
     const std::uint64_t hit = std::min<std::uint64_t>(a.hit_tokens, q.prompt - 1);
     res_.per_request[a.id].hit_tokens = a.hit_tokens;
     // Note [Pooled KV]: the blocks after the local hit run that the pool holds are fetched
@@ -310,11 +315,13 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
     // prompt token is always computed, for the first output token).
     std::uint64_t pooled = 0;
     if (fleet_.pool && hit == a.hit_tokens) {
-      const std::size_t to = std::min<std::size_t>(a.prompt_full_blocks, (q.prompt - 1) / B);
-      const std::size_t got = fleet_.pool->lookup(q.keys, a.hit_blocks, to, clock_.now_ns());
+      std::size_t to = a.hit_blocks;  // blocks wholly before the last prompt token
+      while (to < lay.keys.size() && lay.start[to] + lay.tokens[to] < q.prompt) ++to;
+      const std::size_t got = fleet_.pool->lookup(lay.keys, a.hit_blocks, to, clock_.now_ns());
       if (got) {
-        pooled = got * B;
-        q.pool_ready_ns = net_rx_.book(clock_.now_ns(), got * block_bytes_);
+        for (std::size_t k = a.hit_blocks; k < a.hit_blocks + got; ++k) pooled += lay.tokens[k];
+        q.fetch_ready_ns = net_rx_.book(clock_.now_ns(),
+                                        pooled * workload::analytic::kv_bytes_per_token(s_.shape));
         res_.pool_hit_blocks += got;
         res_.pool_hit_tokens += pooled;
         res_.per_request[a.id].hit_tokens += pooled;
@@ -326,11 +333,12 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
       auto it = promos.find(table[i]);
       if (it == promos.end()) continue;
       // A block past the hit run (adopted after a miss) is computed by the prefill anyway.
-      const bool in_prefill = i * B >= hit;
+      const std::uint64_t b0 = lay.start[i];
+      const bool in_prefill = b0 >= hit;
       if (in_prefill || choice.choose(i, it->second) == kv::KvSource::recompute) {
         if (!in_prefill) {
-          recompute.push_back({i * B, std::min<std::uint64_t>((i + 1) * B, hit)});
-          res_.per_request[a.id].recomputed_tokens += recompute.back().second - i * B;
+          recompute.push_back({b0, std::min<std::uint64_t>(b0 + lay.tokens[i], hit)});
+          res_.per_request[a.id].recomputed_tokens += recompute.back().second - b0;
         }
         for (const kv::Action* m : it->second)
           if (m->to == Tier::host) stack_->transport.book(Link::d2h, m->bytes);
@@ -344,7 +352,26 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
       promos.erase(it);
     }
     q.todo = std::move(recompute);
-    q.todo.push_back({hit + pooled, q.prompt});
+    // Note [Blend cost]: a blended block computes only its recomputed tokens (at its start);
+    // the rest of it is copied from its source when the request is ready.
+    std::uint64_t from = hit + pooled;
+    q.blends.clear();
+    for (const kv::Admission::Blend& b : a.blends) {
+      const std::uint64_t b0 = lay.start[b.index], n = lay.tokens[b.index];
+      if (b0 < from) continue;  // already fetched from the pool
+      const std::uint64_t r = kv::blend_recompute_tokens(static_cast<std::uint32_t>(n),
+                                                         s_.blend_fraction, s_.shape.layers);
+      if (b0 + r > from) q.todo.push_back({from, b0 + r});
+      from = b0 + n;
+      q.blends.push_back(b);
+      res_.per_request[a.id].blend_tokens += n;
+      res_.per_request[a.id].recomputed_tokens += r;
+    }
+    if (from < q.prompt)
+      q.todo.push_back({from, q.prompt});
+    else if (q.todo.empty() || q.todo.back().second < q.prompt)  // the first token needs the last
+      q.todo.push_back({q.prompt - 1, q.prompt});
+    q.copied = q.blends.empty();
     // A running request's slots rest where the plan says once its actions are done (only
     // unreferenced blocks move after that).
     q.host_prefix.assign(table.size() + 1, 0.0);
@@ -358,13 +385,47 @@ void ServingSim::admitted(const std::vector<kv::Admission>& adms) {
   poll();
 }
 
+// Note [Blend cost] (the rule is kv::blend_recompute_tokens): once the request's blocks and
+// its sources are in place, each blended block's slots are copied from its source's where they
+// rest: over the host link when the two are in different memory tiers, within HBM otherwise
+// (read and write, charged to the request's first prefill iteration at HBM bandwidth); a copy
+// within DRAM is not charged (a host memcpy, beside the host link's rate). Only the segment's
+// real tokens are copied, not the rest of a partial block's slot. Then the copied keys are
+// re-rotated to their new positions in place: K, half of the KV, read and written once. The
+// request's prefill waits until the copies are through; its recomputed tokens are in its todo.
+void ServingSim::copy_blends(Req& q, std::size_t i) {
+  q.copied = true;
+  const auto& table = bm().table(i);
+  double h2d = 0, d2h = 0, hbm = 0;
+  for (const kv::Admission::Blend& b : q.blends) {
+    const double share = double(q.layout.tokens[b.index]) / block_tokens();
+    for (std::uint32_t g = 0; g < geo_.groups(); ++g) {
+      const Tier from = bm().slot_tier(b.source, g), to = bm().slot_tier(table[b.index], g);
+      const double bytes = double(geo_.group_bytes(g)) * share;
+      if (from == to)
+        hbm += to == Tier::device ? 2 * bytes : 0;
+      else
+        (to == Tier::device ? h2d : d2h) += bytes;
+    }
+  }
+  hbm += double(res_.per_request[i].blend_tokens) *
+         double(workload::analytic::kv_bytes_per_token(s_.shape));  // re-rotation of K
+  std::uint64_t done = 0;
+  if (h2d > 0)
+    done = std::max(done, stack_->transport.book(Link::h2d, static_cast<std::uint64_t>(h2d)));
+  if (d2h > 0)
+    done = std::max(done, stack_->transport.book(Link::d2h, static_cast<std::uint64_t>(d2h)));
+  q.fetch_ready_ns = std::max(q.fetch_ready_ns, done);
+  q.blend_hbm_bytes += hbm;
+}
+
 // Note [Pooled KV]
 // With a shared pool (ServeScenario::shared_pool), a remote KV tier sits below every
 // instance's own HBM / DRAM / SSD: a Mooncake-Store-like pool of the nodes' DRAM
 // (pool.capacity_per_node of each node the instances occupy), holding token blocks by content
-// key (kv::block_keys: equal prefixes give equal keys on every instance), LRU. It is written
-// through: when an instance's prefill has computed a prompt, the prompt's full blocks the pool
-// lacks go out as one transfer on the instance's NIC (tx); they are readable by every
+// key (the chain keys of kv::prompt_blocks: equal prefixes give equal keys on every instance), LRU.
+// It is written through: when an instance's prefill has computed a prompt, the prompt's full blocks
+// the pool lacks go out as one transfer on the instance's NIC (tx); they are readable by every
 // instance once it is through. At admission, the blocks after the instance's own hit run that
 // the pool holds are a pool hit: they are fetched as one transfer on the instance's NIC (rx),
 // by RDMA straight into the slots the block manager gave them (GPUDirect into HBM, or into
@@ -411,7 +472,7 @@ std::uint64_t ServingSim::NetLink::book(std::uint64_t now_ns, std::uint64_t byte
 // Note [Pooled KV]: written through once the prefill has computed them, as one transfer.
 void ServingSim::put_prompt(Req& q) {
   std::vector<std::uint64_t> fresh;
-  for (std::uint64_t k : q.keys)
+  for (std::uint64_t k : q.layout.keys)
     if (!fleet_.pool->holds(k)) fresh.push_back(k);
   if (fresh.empty()) return;
   const std::uint64_t done = net_tx_.book(clock_.now_ns(), fresh.size() * block_bytes_);
@@ -500,7 +561,7 @@ void ServingSim::start() {
     q.arrival = arrival_ms[i] / 1e3 / s_.rate_scale;
     q.prompt = q.r->prompt_tokens();
     q.output = std::max<std::uint32_t>(1, q.r->output_tokens);
-    if (fleet_.pool) q.keys = kv::block_keys(q.r->prompt, s_.block_tokens);
+    q.layout = kv::prompt_blocks(q.r->prompt, block_tokens(), pol_.reuse);
     res_.per_request[i].arrival_s = q.arrival;
     res_.per_request[i].ttft_slo_s = std::max(
         res_.slo.ttft_ms / 1e3, res_.slo.ttft_prefill_factor > 0
@@ -515,7 +576,7 @@ void ServingSim::start() {
 bool ServingSim::step() {
   if (stopped()) return false;
   const std::size_t n = reqs_.size();
-  const double B = s_.block_tokens;
+  const double B = block_tokens();
   while (next_ < n && reqs_[next_].arrival <= now_) {
     if (backlog_.empty())
       submit(next_);
@@ -550,15 +611,26 @@ bool ServingSim::step() {
       waiting = true;
       continue;
     }
-    if (q.pool_ready_ns > clock_.now_ns()) {  // Note [Pooled KV]: the fetch is not through
-      pool_wait = std::min(pool_wait, q.pool_ready_ns);
+    if (!q.copied) copy_blends(reqs_[i], i);
+    // Note [Pooled KV] / Note [Blend cost]: its pool fetch or blend copies are not through.
+    if (q.fetch_ready_ns > clock_.now_ns()) {
+      pool_wait = std::min(pool_wait, q.fetch_ready_ns);
       continue;
     }
-    const auto [b, e] = q.todo.front();
-    const std::uint64_t take = std::min<std::uint64_t>(budget, e - b);
-    add_tokens(s_, w, double(b), double(take), q.todo.size() == 1 && b + take == e);
-    w.host_kv_bytes += streamed(q, double(b + take));
-    budget -= take;
+    w.hbm_bytes += q.blend_hbm_bytes;  // copies within HBM and re-rotation, in its first chunk
+    reqs_[i].blend_hbm_bytes = 0;
+    // Its ranges left, in order, as far as the budget goes: one forward pass computes them
+    // all (each range reads its context; the DRAM KV under the last is streamed once).
+    std::uint64_t take = 0, reached = 0;
+    for (std::size_t k = 0; k < q.todo.size() && budget > 0; ++k) {
+      const auto [b, e] = q.todo[k];
+      const std::uint64_t t = std::min<std::uint64_t>(budget, e - b);
+      add_tokens(s_, w, double(b), double(t), k + 1 == q.todo.size() && b + t == e);
+      budget -= t;
+      take += t;
+      reached = b + t;
+    }
+    w.host_kv_bytes += streamed(q, double(reached));
     batch_.push_back({i, take});
   }
   if (batch_.empty()) {
@@ -621,9 +693,13 @@ bool ServingSim::step() {
       if (++q.generated >= q.output) finished.push_back(i);
       continue;
     }
-    auto& front = q.todo.front();
-    front.first += take;
-    if (front.first == front.second) q.todo.erase(q.todo.begin());
+    for (std::uint64_t left = take; left > 0;) {
+      auto& front = q.todo.front();
+      const std::uint64_t t = std::min(left, front.second - front.first);
+      front.first += t;
+      left -= t;
+      if (front.first == front.second) q.todo.erase(q.todo.begin());
+    }
     if (q.todo.empty()) {  // prefill done: the first token
       ServeRequestResult& r = res_.per_request[i];
       r.first_token_s = now_;
@@ -633,6 +709,7 @@ bool ServingSim::step() {
         miss();
       }
       if (fleet_.pool) put_prompt(q);
+      if (!q.blends.empty()) store_->prefilled(i);  // Note [Segment reuse]: sources let go
       if (q.generated >= q.output) finished.push_back(i);
     }
   }
@@ -671,11 +748,14 @@ void summarize_serving(const ServeScenario& s, ServeResult& r) {
   const std::size_t n = r.per_request.size();
   std::vector<double> ttft, tpot;
   double first = n ? r.per_request[0].arrival_s : 0, last_arrival = first, last_finish = first;
-  std::uint64_t recomputed = 0;
+  std::uint64_t recomputed = 0, reused = 0;
   r.met = 0;
+  r.blend_tokens = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const ServeRequestResult& q = r.per_request[i];
     recomputed += q.recomputed_tokens;
+    reused += q.hit_tokens + q.blend_tokens;
+    r.blend_tokens += q.blend_tokens;
     last_arrival = std::max(last_arrival, q.arrival_s);
     if (q.finish_s < 0) continue;
     last_finish = std::max(last_finish, q.finish_s);
@@ -689,14 +769,17 @@ void summarize_serving(const ServeScenario& s, ServeResult& r) {
   r.span_s = last_arrival - first;
   r.makespan_s = last_finish - first;
   r.met_fraction = n ? double(r.met) / double(n) : 0;
-  // A one-instant trace has no span: its goodput is taken over the makespan.
-  const double span = r.span_s > 0 ? r.span_s : r.makespan_s;
-  r.goodput_rps = span > 0 ? double(r.met) / span : 0;
+  // Requests that met both SLOs per second of makespan (issue 18 item 7): over the arrival
+  // span, a burst that finishes long after its last arrival would count as fast.
+  r.goodput_rps = r.makespan_s > 0 ? double(r.met) / r.makespan_s : 0;
   r.throughput_rps = r.makespan_s > 0 ? double(r.finished) / r.makespan_s : 0;
   r.kv_hit_rate = r.kv.prompt_tokens
                       ? double(r.kv.hit_tokens + r.pool_hit_tokens) / double(r.kv.prompt_tokens)
                       : 0;
-  r.recomputed_share = r.kv.hit_tokens ? double(recomputed) / double(r.kv.hit_tokens) : 0;
+  r.prefill_tokens_saved = reused - std::min(reused, recomputed);
+  r.recomputed_share = reused ? double(recomputed) / double(reused) : 0;
+  r.reuse_rate =
+      r.kv.prompt_tokens ? double(r.prefill_tokens_saved) / double(r.kv.prompt_tokens) : 0;
 }
 
 namespace {

@@ -10,7 +10,9 @@
 #include <fstream>
 
 #include "cli_testing.hpp"
+#include "u3m/engine/run_observer.hpp"
 #include "u3m/experiments/serve.hpp"
+#include "u3m/kv/recompute.hpp"
 #include "u3m/mem/link.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/util/version.hpp"
@@ -120,9 +122,67 @@ TEST(ServeSim, BoundedQueueNeverLosesARequest) {
     EXPECT_GE(r.per_request[i].finish_s, r.per_request[i].first_token_s) << i;
 }
 
+// Issue 18 item 7: goodput is requests that met both SLOs per second of makespan. Three
+// requests arriving within 6 ms are not 500 requests a second.
+TEST(ServeSim, GoodputIsMetRequestsPerSecondOfMakespan) {
+  ServeScenario s = base("llama3-8b", "hbm-only");
+  s.requests = {req(0, {{"a", 1024}}, 16), req(3, {{"b", 1024}}, 16), req(6, {{"c", 1024}}, 16)};
+  const ServeResult r = simulate_serving(s);
+  ASSERT_EQ(r.met, 3u);
+  EXPECT_NEAR(r.span_s, 0.006, 1e-12);
+  EXPECT_GT(r.makespan_s, 10 * r.span_s);
+  EXPECT_DOUBLE_EQ(r.goodput_rps, 3.0 / r.makespan_s);
+  EXPECT_LT(r.goodput_rps, 100.0);
+}
+
+// Note [Blend cost]: a passage cached after one context and reused after another costs its
+// recomputed tokens' prefill (kv::blend_recompute_tokens), the copy of its KV and the
+// re-rotation of its keys, and nothing else: the iteration's FLOPs and bytes, hand-computed.
+TEST(ServeSim, BlendChargesRecomputedTokensCopiesAndReRotationExactly) {
+  struct Ops : engine::RunObserver {
+    std::vector<std::pair<std::string, engine::OpWork>> ops;
+    void op(int, std::int64_t, std::size_t, std::string_view name, engine::OpWork w, double,
+            double) override {
+      ops.emplace_back(std::string(name), w);
+    }
+  } obs;
+  ServeScenario s = base("llama3-8b", "u3m-blend");
+  s.observer = &obs;
+  s.requests = {req(0, {{"sys", 128}, {"p1", 256}, {"p2", 256}, {"q1", 64}}, 2),
+                req(10'000, {{"sys", 128}, {"p2", 256}, {"p1", 256}, {"q2", 64}}, 2)};
+  const ServeResult r = simulate_serving(s);
+  ASSERT_EQ(r.finished, 2u);
+  const ServeRequestResult& q = r.per_request[1];
+  EXPECT_EQ(q.hit_tokens, 128u);    // sys, exactly
+  EXPECT_EQ(q.blend_tokens, 512u);  // p2 and p1 at new positions: four 128-token blocks
+  const std::uint32_t per_block = kv::blend_recompute_tokens(128, 0.15, 32);
+  EXPECT_EQ(per_block, 20u + 4u);  // ceil(0.15 x 128) recomputed + 128 / 32 for the selection
+  EXPECT_EQ(q.recomputed_tokens, 4u * per_block);
+  // Request 1's prefill is one iteration (ops: r0's prefill, r0's decode, r1's prefill, ...).
+  ASSERT_GE(obs.ops.size(), 3u);
+  EXPECT_EQ(obs.ops[2].first, "prefill");
+  const workload::ModelShape& m = s.shape;
+  const double lin = 2.0 * double(workload::analytic::layer_param_count(m)) * m.layers;
+  const double attn = 4.0 * m.heads * m.head_dim() * m.layers;
+  const double kv_tok = double(workload::analytic::kv_bytes_per_token(m));
+  double flops = 2.0 * double(m.vocab) * m.d_model, bytes = 0;  // one lm_head: one sequence
+  // Blocks (blend layout): sys [0,128), p2 [128,384), p1 [384,640), q2 [640,704) its own.
+  for (double b : {128.0, 256.0, 384.0, 512.0, 640.0}) {
+    const double t = b == 640 ? 64 : per_block;
+    flops += t * lin + t * (2 * b + t - 1) / 2 * attn;
+    bytes += kv_tok * (b + t);
+  }
+  bytes += 2 * 512 * kv_tok;  // the copies, HBM to HBM: read and write
+  bytes += 512 * kv_tok;      // re-rotation: K read and written
+  bytes += 2.0 * double(workload::analytic::param_count(m));  // the weights, once
+  EXPECT_NEAR(obs.ops[2].second.flops, flops / 4, flops * 1e-12);
+  EXPECT_NEAR(obs.ops[2].second.bytes, bytes / 4, bytes * 1e-12);
+}
+
 TEST(ServeSim, DramPressureAlertsAndSpillIsThrottled) {
   ServeScenario s = base("tiny", "u3m-dram");
   kv_slots(s, 30);
+  s.ssd_admit_after = 0;  // every prompt here is seen once: the SSD filter would drop them all
   s.spill_rate = 2e6;  // 2 MB/s: 61 slots of 32 KiB a second at most
   const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
   // DRAM for 60 slots: distinct prompts fill it with cached blocks.
@@ -144,6 +204,7 @@ TEST(ServeSim, DramPressureAlertsAndSpillIsThrottled) {
 TEST(ServeSim, SsdWearIsTheRunsWritesPerDriveDay) {
   ServeScenario s = base("tiny", "u3m-dram");
   kv_slots(s, 30);
+  s.ssd_admit_after = 0;  // as above: write every victim
   s.spill_rate = 2e6;
   const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
   s.hw.host.dram_capacity.si = 60.5 * double(g.slot_bytes()) / (s.cards * s.dram_kv_fraction);
@@ -173,6 +234,7 @@ TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
   auto run = [](double ssd_read_bw) {
     ServeScenario s = base("llama3-8b", "u3m");  // no DRAM tier: victims go to SSD
     kv_slots(s, 8 * 30);                         // 30 token blocks
+    s.ssd_admit_after = 0;  // `a` is seen once before it leaves HBM: write it anyway
     s.hw.ssd.read_bandwidth.si = ssd_read_bw;
     const std::vector<PromptSegment> a = {{"a", 2048}, {"qa", 16}}, b = {{"b", 2048}, {"qb", 16}};
     s.requests = {req(0, a, 2), req(5'000, b, 2), req(10'000, a, 2)};

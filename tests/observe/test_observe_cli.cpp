@@ -125,7 +125,7 @@ TEST_F(ObserveCli, ServeSimTimelinePassesTheTraceEventSchemaCheck) {
   auto r =
       run_cli(std::string("serve sim --model llama2-13b --cards 1 --kv-policy u3m --requests ") +
               U3M_SOURCE_DIR "/data/requests/samples/mooncake_conversation_head20.jsonl" +
-              " --timeline " + out);
+              " --ssd-admit-after 0 --timeline " + out);  // write every victim to SSD
   ASSERT_EQ(r.status, 0) << r.output;
   const nlohmann::json doc = checked_timeline(out, {"op", "stall", "transfer", "occupancy"});
   EXPECT_NE(doc["otherData"]["clock"].get<std::string>().find("simulated"), std::string::npos);

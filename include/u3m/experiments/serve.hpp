@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "u3m/kv/block_manager.hpp"
+#include "u3m/kv/recompute.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/workload/request_trace.hpp"
 #include "u3m/workload/shape.hpp"
@@ -23,8 +24,10 @@ class RunObserver;
 
 namespace u3m::experiments {
 
-// hbm-only, u3m, u3m-tiered, u3m-dram, u3m-design, u3m-pgdsf (docs/serving.md "Policies").
+// Every serving policy (docs/serving.md "Policies"), baselines first.
 const std::vector<std::string>& serve_policy_names();
+// What `serve capacity` compares by default: hbm-only, each baseline and each u3m mode.
+const std::vector<std::string>& serve_default_policies();
 
 // How a named policy configures the block manager (Note [Serving policies]).
 struct ServePolicy {
@@ -34,6 +37,10 @@ struct ServePolicy {
   double overcommit = 1.0;
   kv::EvictionPolicy eviction = kv::EvictionPolicy::lru;
   bool recompute_choice = false;  // Note [Recompute or fetch]
+  kv::Reuse reuse = kv::Reuse::exact;  // Note [Segment reuse]
+  std::uint32_t block_tokens = 0;      // 0: the scenario's; else the policy's own chunk size
+  bool ssd_admission = false;          // Note [SSD admission]: the scenario's threshold applies
+  bool cache_aware = false;            // Note [Cache-aware admission]: the scenario's bound
 };
 ServePolicy serve_policy(const std::string& name);  // InputError listing the names
 
@@ -56,6 +63,14 @@ struct ServeScenario {
   double rate_scale = 1;                         // arrival times are divided by it
   ServeSlo slo;                                  // 0: default_slo()
   std::uint32_t block_tokens = 128;
+  // Note [Blend cost]: the share of a blended block's tokens recomputed (u3m-blend).
+  double blend_fraction = kv::kDefaultBlendFraction;
+  // Note [SSD admission]: lookups a block's content needs before it may be written to SSD,
+  // for the policies that filter (u3m's); 0 or 1: every victim is written.
+  std::uint32_t ssd_admit_after = 2;
+  // Note [Cache-aware admission]: how often a queued request may be passed over by one with
+  // more of its prompt cached, for the policies that reorder (u3m's); 0: FIFO.
+  std::uint32_t sched_bypass = 8;
   std::uint32_t layers_per_group = 4;
   std::uint32_t max_batch_tokens = 2048;  // tokens per iteration (decodes + prefill chunks)
   std::uint32_t max_running = 256;        // sequences in one batch at most
@@ -112,6 +127,7 @@ struct ServeRequestResult {
   double first_token_s = -1, finish_s = -1;  // -1: never (too large, or the run stopped)
   double ttft_slo_s = 0;                     // this request's TTFT SLO
   std::uint64_t hit_tokens = 0, recomputed_tokens = 0;
+  std::uint64_t blend_tokens = 0;  // Note [Segment reuse]: reused at a new position
   bool too_large = false;
   bool met = false;  // both SLOs
 };
@@ -124,11 +140,15 @@ struct ServeResult {
   double span_s = 0;           // first to last arrival
   double makespan_s = 0;       // first arrival to last finish
   double met_fraction = 0;     // met / requests
-  double goodput_rps = 0;      // met / span
+  double goodput_rps = 0;      // met / makespan
   double throughput_rps = 0;   // finished / makespan
   Percentiles ttft_ms, tpot_ms;
-  double kv_hit_rate = 0;       // cached prompt tokens (own tiers + pool) / prompt tokens
-  double recomputed_share = 0;  // of hit tokens, recomputed rather than fetched
+  double kv_hit_rate = 0;  // exact-prefix cached prompt tokens (own tiers + pool) / prompt tokens
+  // Reused tokens: exact hits plus blended ones (Note [Segment reuse]); of those, the share
+  // recomputed (recompute-or-fetch, blend's recomputed tokens); prompt tokens the prefill did
+  // not compute, and their share of all prompt tokens.
+  std::uint64_t blend_tokens = 0, prefill_tokens_saved = 0;
+  double recomputed_share = 0, reuse_rate = 0;
   std::uint64_t max_concurrency = 0;
   std::uint64_t iterations = 0;
   double busy_s = 0;     // iterations' time

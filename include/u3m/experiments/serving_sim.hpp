@@ -94,10 +94,20 @@ class ServingSim {
     bool running = false, done = false;
     bool ready = false;   // its blocks are in place (it stays so while it runs)
     bool missed = false;  // already counted as a miss (TTFT over the SLO)
-    std::vector<std::uint64_t> keys;  // its full blocks' content keys, for the pool
-    std::uint64_t pool_ready_ns = 0;  // its blocks fetched from the pool are in by then
+    kv::PromptBlocks layout;  // its shareable blocks under the policy's reuse (and the pool's keys)
+    // Its blocks fetched from the pool (Note [Pooled KV]) and its blend copies (Note [Blend
+    // cost]) are in by then.
+    std::uint64_t fetch_ready_ns = 0;
+    std::vector<kv::Admission::Blend> blends;  // Note [Segment reuse]
+    bool copied = true;                        // its blend copies are booked
+    double blend_hbm_bytes = 0;                // HBM traffic of copies and re-rotation
   };
   kv::KvConfig make_config();
+  std::uint32_t block_tokens() const {
+    return pol_.block_tokens ? pol_.block_tokens : s_.block_tokens;
+  }
+  // Note [Blend cost]: books request i's blend copies once its blocks are in place.
+  void copy_blends(Req& q, std::size_t i);
   kv::BlockManager& bm() { return store_->manager(); }
   // Runs the stack's events up to `t` (seconds), polling the store after each.
   void advance(double t);
