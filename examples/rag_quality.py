@@ -11,7 +11,9 @@ The task (synthetic retrieval, nothing downloaded): a prompt is a fixed "system"
 then --passages passages in random order, each a DOC marker and filler tokens holding
 FACTS_PER_PASSAGE facts, then the question "QRY key". A fact is one token that states
 "key -> value" (`fact_token`; keys distinct within a prompt); the answer is the value of the
-asked key, and the fact may sit in any passage. The model is the repo's LLaMA-shaped Decoder
+asked key, and the fact may sit in any passage. In half the prompts (UPDATE_P) a later
+passage restates the asked key with another value and the later one is the answer, so the
+answer depends on the other passages and their order. The model is the repo's LLaMA-shaped Decoder
 (python/u3m_capture/model.py), trained from scratch on CPU with one thread on fresh random
 prompts (cross entropy on the answer tokens only; each training sequence asks
 TRAIN_QUESTIONS questions in a row, drawn with replacement, the first one in the eval shape).
@@ -28,8 +30,11 @@ for each prompt the full prefill of the whole prompt is the reference; blend reu
 segment's KV as computed alone from position 0 (as a cache holds it), the first segment
 exactly, re-rotates the passages' keys to their positions, recomputes round(fraction x
 passage tokens) tokens chosen by layer-1 KV deviation, and computes the question. Reported
-per mode: accuracy (argmax == answer), mean KL(full || blend) of the answer-position
-distribution, and the token-layer computations done relative to a full prefill.
+per mode (fractions 0, 0.05, 0.15, 0.30, and 0.15 with random instead of deviation-selected
+tokens): accuracy (argmax == answer), the same on the updated prompts, agreement with the
+full prefill's argmax, mean and max KL(full || blend) of the answer-position distribution,
+and the token-layer computations done relative to a full prefill. Every figure is labelled
+with the machine it was measured on.
 
 The shipped weights python/u3m/data/rag_tiny.pt (state_dict + config + task seed + training
 record) were made by exactly:

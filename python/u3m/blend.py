@@ -255,7 +255,9 @@ def blend_prefill(model: Decoder, segments: Sequence[torch.Tensor], recompute_fr
                 per_layer.append(int(pos.shape[0]))
             selected = r_pos[top]
         else:
-            selected = pos[:reused][:n_sel]  # one layer: layer 0 recomputed everything
+            # One layer: no layer 1 to select at; layer 0 (just recomputed for every reused
+            # token, with their cached KV exact after re-rotation anyway) is the whole blend.
+            selected = pos[:reused][:n_sel]
     logits = model.lm_head(model.norm(x[-1:]))[0]
     stats = BlendStats(prompt_tokens=total, reused_tokens=reused, recomputed_tokens=n_sel,
                        token_layers=sum(per_layer), selection_kv=selection_kv, per_layer=per_layer,
