@@ -90,17 +90,17 @@ void print_header(const experiments::ServeScenario& s) {
 }
 
 void print_row_header() {
-  fmt::print("  {:<11} {:>10} {:>9} {:>20} {:>20} {:>7} {:>6} {:>8} {:>8}\n", "policy", "goodput/s",
-             "met", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "KV hit", "max cc", "too big",
-             "queued");
+  fmt::print("  {:<12} {:>10} {:>9} {:>20} {:>20} {:>7} {:>7} {:>6} {:>8} {:>8}\n", "policy",
+             "goodput/s", "met", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "KV hit", "saved",
+             "max cc", "too big", "queued");
 }
 
 void print_row(const std::string& name, const experiments::ServeResult& r) {
-  fmt::print("  {:<11} {:>10.3f} {:>8.1f}% {:>20} {:>20} {:>6.1f}% {:>6} {:>8} {:>8}\n", name,
-             r.goodput_rps, 100 * r.met_fraction,
+  fmt::print("  {:<12} {:>10.3f} {:>8.1f}% {:>20} {:>20} {:>6.1f}% {:>6.1f}% {:>6} {:>8} {:>8}\n",
+             name, r.goodput_rps, 100 * r.met_fraction,
              fmt::format("{:.0f}/{:.0f}/{:.0f}", r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99),
              fmt::format("{:.1f}/{:.1f}/{:.1f}", r.tpot_ms.p50, r.tpot_ms.p90, r.tpot_ms.p99),
-             100 * r.kv_hit_rate, r.max_concurrency, r.too_large, r.kv.queued);
+             100 * r.kv_hit_rate, 100 * r.reuse_rate, r.max_concurrency, r.too_large, r.kv.queued);
 }
 
 void print_detail(const experiments::ServeResult& r) {
@@ -193,6 +193,13 @@ void run_capacity(const ServeArgs& a) {
   }
   if (std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r.rate_scale <= 0; }))
     fmt::print("  none: no rate scale tried (down to 1/1024) met the SLOs\n");
+  const experiments::DecodeBound bound = experiments::decode_bound(s);
+  fmt::print(
+      "  bound (derived, Note [Decode bound]): no KV policy exceeds {:.3f} goodput/s{}: the "
+      "decode steps alone read {:.1f} TB of KV and weights and take {:.2f} s with their launches\n",
+      bound.goodput_rps,
+      base_goodput > 0 ? fmt::format(" ({:.2f}x hbm-only)", bound.goodput_rps / base_goodput) : "",
+      (bound.kv_read_bytes + bound.weight_read_bytes) / 1e12, bound.decode_s);
   fmt::print("  at each policy's capacity:\n");
   print_row_header();
   for (const auto& r : rows)

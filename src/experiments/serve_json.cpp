@@ -165,6 +165,16 @@ nlohmann::json serve_capacity_json(const ServeScenario& base,
                       {"profile", sim::profile_json(base.hw)}};
   j["scenario"].erase("rate_scale");
   j["scenario"]["search"] = "highest arrival-rate scale meeting the SLOs (docs/serving.md)";
+  const DecodeBound bound = decode_bound(base);
+  j["bound"] = {{"what",
+                 "goodput no KV policy can exceed: requests / least decode time "
+                 "(Note [Decode bound], derived, not simulated)"},
+                {"goodput_rps", bound.goodput_rps},
+                {"decode_s", bound.decode_s},
+                {"kv_read_bytes", bound.kv_read_bytes},
+                {"weight_read_bytes", bound.weight_read_bytes},
+                {"vs_hbm_only", base_goodput > 0 ? nlohmann::json(bound.goodput_rps / base_goodput)
+                                                 : nlohmann::json(nullptr)}};
   j["policies"] = nlohmann::json::object();
   for (const auto& r : rows) {
     nlohmann::json p = serve_result_json(base, r.at);

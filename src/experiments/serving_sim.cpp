@@ -130,6 +130,41 @@ double prefill_seconds(const ServeScenario& s, std::uint64_t prompt_tokens) {
   return t;
 }
 
+// Note [Decode bound]
+// Whatever a policy reuses, each output token after the first is a decode step that reads the
+// KV of its whole context, and each iteration reads the weights once. On a group of N cards
+// with HBM bandwidth BW each, a trace's decode work alone takes at least
+//   T = (sum_r sum_{j=1..o_r-1} (p_r + j) * kv  +  I * W) / (N * BW)  +  I * F,
+//   I = ceil(sum_r (o_r - 1) / max_running)  (an iteration holds at most max_running sequences)
+// with p_r and o_r a request's prompt and output tokens, kv the KV bytes of one token (all
+// layers), W the 16-bit weights, F an iteration's fixed costs: its kernel launches (8 per
+// layer, Note [Iteration cost], as iteration_compute_s charges them) and the latency of its 2
+// all-reduces per layer; every prefill free, all KV in HBM, FLOPs and all-reduce bytes free. Busy
+// time >= T and makespan >= busy, so no policy's goodput (met / makespan) exceeds requests / T;
+// with several instances the work splits at best evenly. It bounds what prefill reuse of any kind
+// (prefix, blend, a pool) can gain: decode reads are not reused.
+DecodeBound decode_bound(const ServeScenario& s) {
+  const double kv = double(workload::analytic::kv_bytes_per_token(s.shape));
+  const double w = weight_bytes(s.shape);
+  DecodeBound b;
+  double steps = 0;
+  for (const workload::ServeRequest& r : s.requests) {
+    const double p = double(r.prompt_tokens()), o = std::max(1.0, double(r.output_tokens));
+    b.kv_read_bytes += ((o - 1) * p + (o - 1) * o / 2) * kv;
+    steps += o - 1;
+  }
+  const double iterations = std::ceil(steps / s.max_running);
+  b.weight_read_bytes = iterations * w;
+  double fixed = (kKernelsPerLayer * s.shape.layers - 1) * s.hw.device.launch_overhead.si;
+  if (s.cards > 1) fixed += 2.0 * s.shape.layers * sim::all_reduce_s(s.hw, 0, s.cards);
+  b.decode_s =
+      (b.kv_read_bytes + b.weight_read_bytes) / (double(s.cards) * s.hw.device.hbm_bandwidth.si) +
+      iterations * fixed;
+  b.decode_s /= s.instances;
+  b.goodput_rps = b.decode_s > 0 ? double(s.requests.size()) / b.decode_s : 0;
+  return b;
+}
+
 double decode_step_seconds(const ServeScenario& s, std::uint64_t context_tokens) {
   Work w;
   add_tokens(s, w, static_cast<double>(context_tokens), 1, true);
@@ -693,6 +728,10 @@ bool ServingSim::step() {
       if (++q.generated >= q.output) finished.push_back(i);
       continue;
     }
+    if (!q.blends.empty()) {  // Note [Segment reuse]: copied in this iteration, sources let go
+      store_->prefilled(i);
+      q.blends.clear();
+    }
     for (std::uint64_t left = take; left > 0;) {
       auto& front = q.todo.front();
       const std::uint64_t t = std::min(left, front.second - front.first);
@@ -709,7 +748,6 @@ bool ServingSim::step() {
         miss();
       }
       if (fleet_.pool) put_prompt(q);
-      if (!q.blends.empty()) store_->prefilled(i);  // Note [Segment reuse]: sources let go
       if (q.generated >= q.output) finished.push_back(i);
     }
   }

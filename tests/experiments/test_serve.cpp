@@ -14,6 +14,7 @@
 #include "u3m/experiments/serve.hpp"
 #include "u3m/kv/recompute.hpp"
 #include "u3m/mem/link.hpp"
+#include "u3m/sim/cost.hpp"
 #include "u3m/util/error.hpp"
 #include "u3m/util/version.hpp"
 #include "u3m/workload/analytic.hpp"
@@ -124,6 +125,28 @@ TEST(ServeSim, BoundedQueueNeverLosesARequest) {
 
 // Issue 18 item 7: goodput is requests that met both SLOs per second of makespan. Three
 // requests arriving within 6 ms are not 500 requests a second.
+// Note [Decode bound], by hand: two requests, 4 cards.
+TEST(ServeSim, DecodeBoundIsTheLeastDecodeTimeOfTheTrace) {
+  ServeScenario s = base("llama3-8b", "hbm-only");
+  s.requests = {req(0, {{"a", 1000}}, 3), req(0, {{"b", 200}}, 1)};
+  const DecodeBound b = decode_bound(s);
+  const workload::ModelShape& m = s.shape;
+  const double kv = double(workload::analytic::kv_bytes_per_token(m));
+  EXPECT_DOUBLE_EQ(b.kv_read_bytes, (1001.0 + 1002.0) * kv);  // a's two decode steps, b's none
+  const double w = 2.0 * double(workload::analytic::param_count(m));
+  EXPECT_DOUBLE_EQ(b.weight_read_bytes, w);  // both steps fit one iteration
+  const double fixed = (8.0 * m.layers - 1) * s.hw.device.launch_overhead.si +
+                       2.0 * m.layers * sim::all_reduce_s(s.hw, 0, 4);
+  EXPECT_NEAR(b.decode_s, (b.kv_read_bytes + w) / (4 * s.hw.device.hbm_bandwidth.si) + fixed,
+              1e-15);
+  EXPECT_DOUBLE_EQ(b.goodput_rps, 2 / b.decode_s);
+  // No simulated policy beats it.
+  for (const char* pol : {"hbm-only", "u3m-blend"}) {
+    s.policy = pol;
+    EXPECT_LT(simulate_serving(s).goodput_rps, b.goodput_rps) << pol;
+  }
+}
+
 TEST(ServeSim, GoodputIsMetRequestsPerSecondOfMakespan) {
   ServeScenario s = base("llama3-8b", "hbm-only");
   s.requests = {req(0, {{"a", 1024}}, 16), req(3, {{"b", 1024}}, 16), req(6, {{"c", 1024}}, 16)};
@@ -154,10 +177,10 @@ TEST(ServeSim, BlendChargesRecomputedTokensCopiesAndReRotationExactly) {
   ASSERT_EQ(r.finished, 2u);
   const ServeRequestResult& q = r.per_request[1];
   EXPECT_EQ(q.hit_tokens, 128u);    // sys, exactly
-  EXPECT_EQ(q.blend_tokens, 512u);  // p2 and p1 at new positions: four 128-token blocks
-  const std::uint32_t per_block = kv::blend_recompute_tokens(128, 0.15, 32);
-  EXPECT_EQ(per_block, 20u + 4u);  // ceil(0.15 x 128) recomputed + 128 / 32 for the selection
-  EXPECT_EQ(q.recomputed_tokens, 4u * per_block);
+  EXPECT_EQ(q.blend_tokens, 512u);  // p2 and p1 at new positions: sixteen 32-token blocks
+  const std::uint32_t per_block = kv::blend_recompute_tokens(32, 0.15, 32);
+  EXPECT_EQ(per_block, 5u + 1u);  // ceil(0.15 x 32) recomputed + 32 / 32 for the selection
+  EXPECT_EQ(q.recomputed_tokens, 16u * per_block);
   // Request 1's prefill is one iteration (ops: r0's prefill, r0's decode, r1's prefill, ...).
   ASSERT_GE(obs.ops.size(), 3u);
   EXPECT_EQ(obs.ops[2].first, "prefill");
@@ -166,8 +189,9 @@ TEST(ServeSim, BlendChargesRecomputedTokensCopiesAndReRotationExactly) {
   const double attn = 4.0 * m.heads * m.head_dim() * m.layers;
   const double kv_tok = double(workload::analytic::kv_bytes_per_token(m));
   double flops = 2.0 * double(m.vocab) * m.d_model, bytes = 0;  // one lm_head: one sequence
-  // Blocks (blend layout): sys [0,128), p2 [128,384), p1 [384,640), q2 [640,704) its own.
-  for (double b : {128.0, 256.0, 384.0, 512.0, 640.0}) {
+  // u3m-blend's 32-token blocks: sys [0,128) hits; p2 [128,384) and p1 [384,640) are
+  // blended block by block; q2 [640,704) is computed.
+  for (double b = 128; b <= 640; b += 32) {
     const double t = b == 640 ? 64 : per_block;
     flops += t * lin + t * (2 * b + t - 1) / 2 * attn;
     bytes += kv_tok * (b + t);

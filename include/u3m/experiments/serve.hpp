@@ -107,6 +107,15 @@ ServeSlo default_slo(const workload::ModelShape& m);
 std::vector<double> spread_arrivals(const std::vector<workload::ServeRequest>& requests,
                                     bool spread);
 
+// Note [Decode bound] in serve.cpp: the most goodput any KV policy can reach on this trace
+// and hardware, whatever it reuses: requests / the least time its decode steps take.
+struct DecodeBound {
+  double decode_s = 0;     // the least time of the decode work (all instances in parallel)
+  double goodput_rps = 0;  // requests / decode_s
+  double kv_read_bytes = 0, weight_read_bytes = 0;
+};
+DecodeBound decode_bound(const ServeScenario& s);
+
 // Unloaded costs on the profile (one request alone, no cache hit).
 double prefill_seconds(const ServeScenario& s, std::uint64_t prompt_tokens);
 double decode_step_seconds(const ServeScenario& s, std::uint64_t context_tokens);
