@@ -271,11 +271,13 @@ def evaluate(model: Decoder, prompts: List[Prompt], fractions=FRACTIONS, random_
     gen = torch.Generator().manual_seed(12345)
     n_upd = sum(p.updated for p in prompts)
     full_upd = 0
-    agg = {m: {"correct_updated": 0, "correct": 0, "kl": 0.0, "kl_max": 0.0, "token_layers": 0, "recomputed": 0, "agree": 0}
+    agg = {m: {"correct_updated": 0, "correct": 0, "kl": 0.0, "kl_max": 0.0, "token_layers": 0, "recomputed": 0, "agree": 0,
+               "k_err": [0.0] * model.cfg.n_layers, "v_err": [0.0] * model.cfg.n_layers}
            for m, _, _ in modes}
     with torch.no_grad():
         for p in prompts:
-            _, full_logits = blend.full_prefill(model, p.tokens)
+            full_cache, full_logits = blend.full_prefill(model, p.tokens)
+            lo, hi = len(p.segments[0]), p.tokens.shape[0] - p.query.shape[0]  # the passages
             full_lp = F.log_softmax(full_logits.double(), -1)
             full_pred = int(full_logits.argmax())
             full_correct += full_pred == p.answer
@@ -295,6 +297,10 @@ def evaluate(model: Decoder, prompts: List[Prompt], fractions=FRACTIONS, random_
                 a["kl"] += kl
                 a["kl_max"] = max(a["kl_max"], kl)
                 a["token_layers"] += r.stats.token_layers
+                for layer in range(model.cfg.n_layers):  # relative L2 error of the passages' KV
+                    for key, ours, ref in (("k_err", r.cache.k, full_cache.k), ("v_err", r.cache.v, full_cache.v)):
+                        want = ref[layer][0, lo:hi]
+                        a[key][layer] += float((ours[layer][0, lo:hi] - want).norm() / want.norm())
                 a["recomputed"] += r.stats.recomputed_tokens
     rows["full"] = {"accuracy": full_correct / n, "accuracy_updated": full_upd / max(n_upd, 1), "kl_mean": 0.0, "kl_max": 0.0, "agree_with_full": 1.0,
                     "compute_vs_full": 1.0, "recomputed_tokens_mean": None}
@@ -303,7 +309,9 @@ def evaluate(model: Decoder, prompts: List[Prompt], fractions=FRACTIONS, random_
         rows[m] = {"accuracy": a["correct"] / n, "accuracy_updated": a["correct_updated"] / max(n_upd, 1), "kl_mean": a["kl"] / n, "kl_max": a["kl_max"],
                                   "agree_with_full": a["agree"] / n,
                                   "compute_vs_full": a["token_layers"] / full_layers,
-                                  "recomputed_tokens_mean": a["recomputed"] / n}
+                                  "recomputed_tokens_mean": a["recomputed"] / n,
+                                  "passage_k_rel_err": [e / n for e in a["k_err"]],
+                                  "passage_v_rel_err": [e / n for e in a["v_err"]]}
     return rows
 
 
@@ -381,6 +389,11 @@ def main(argv=None) -> int:
     print("accuracy: argmax == answer; updated: the same on the prompts whose key a later passage restates; agree: argmax == full prefill's; KL: KL(full || blend) of the "
           "answer-position distribution, nats; recomputed: passage tokens recomputed per prompt; "
           "compute: token-layers computed / a full prefill's")
+    print("passage KV against the full prefill's, relative L2 error per layer (K / V):")
+    for name, r in rows.items():
+        if "passage_k_rel_err" in r:
+            print(f"  {name:<12} " + "  ".join(f"L{i} {k:.3f}/{v:.3f}" for i, (k, v) in
+                                              enumerate(zip(r["passage_k_rel_err"], r["passage_v_rel_err"]))))
     print(f"evaluation wall {eval_s:.1f} s")
     return 0
 
