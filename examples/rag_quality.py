@@ -127,7 +127,8 @@ def system_segment(task_seed: int) -> torch.Tensor:
     return torch.cat([torch.tensor([SYS]), FIL0 + torch.randint(0, N_FILLER, (SYSTEM_LEN - 1,), generator=g)])
 
 
-def make_passages(g: torch.Generator, passages: int) -> Tuple[List[torch.Tensor], List[Tuple[int, int, int]], Optional[int]]:
+def make_passages(g: torch.Generator, passages: int
+                  ) -> Tuple[List[torch.Tensor], List[Tuple[int, int, int]], Optional[int]]:
     """passages of PASSAGE_LEN tokens; the answers as (key, value, passage index 1..); the
     updated key or None. With probability UPDATE_P a later passage restates a key of an earlier
     one with another value: the later fact holds (a document superseding an older one)."""
@@ -271,7 +272,8 @@ def evaluate(model: Decoder, prompts: List[Prompt], fractions=FRACTIONS, random_
     gen = torch.Generator().manual_seed(12345)
     n_upd = sum(p.updated for p in prompts)
     full_upd = 0
-    agg = {m: {"correct_updated": 0, "correct": 0, "kl": 0.0, "kl_max": 0.0, "token_layers": 0, "recomputed": 0, "agree": 0,
+    agg = {m: {"correct_updated": 0, "correct": 0, "kl": 0.0, "kl_max": 0.0, "token_layers": 0,
+               "recomputed": 0, "agree": 0,
                "k_err": [0.0] * model.cfg.n_layers, "v_err": [0.0] * model.cfg.n_layers}
            for m, _, _ in modes}
     with torch.no_grad():
@@ -302,11 +304,13 @@ def evaluate(model: Decoder, prompts: List[Prompt], fractions=FRACTIONS, random_
                         want = ref[layer][0, lo:hi]
                         a[key][layer] += float((ours[layer][0, lo:hi] - want).norm() / want.norm())
                 a["recomputed"] += r.stats.recomputed_tokens
-    rows["full"] = {"accuracy": full_correct / n, "accuracy_updated": full_upd / max(n_upd, 1), "kl_mean": 0.0, "kl_max": 0.0, "agree_with_full": 1.0,
+    rows["full"] = {"accuracy": full_correct / n, "accuracy_updated": full_upd / max(n_upd, 1),
+                    "kl_mean": 0.0, "kl_max": 0.0, "agree_with_full": 1.0,
                     "compute_vs_full": 1.0, "recomputed_tokens_mean": None}
     for m, _, _ in modes:
         a = agg[m]
-        rows[m] = {"accuracy": a["correct"] / n, "accuracy_updated": a["correct_updated"] / max(n_upd, 1), "kl_mean": a["kl"] / n, "kl_max": a["kl_max"],
+        rows[m] = {"accuracy": a["correct"] / n, "accuracy_updated": a["correct_updated"] / max(n_upd, 1),
+                   "kl_mean": a["kl"] / n, "kl_max": a["kl_max"],
                                   "agree_with_full": a["agree"] / n,
                                   "compute_vs_full": a["token_layers"] / full_layers,
                                   "recomputed_tokens_mean": a["recomputed"] / n,
@@ -338,7 +342,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate, with --train")
     p.add_argument("--target-accuracy", type=float, default=1.0,
                    help="stop training early once validation accuracy reaches this (default 1.0)")
-    p.add_argument("--time-budget-s", type=float, default=600.0, help="stop training after this wall time (default 600)")
+    p.add_argument("--time-budget-s", type=float, default=600.0,
+                   help="stop training after this wall time (default 600)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = p.parse_args(argv)
     for name in ("prompts", "passages", "steps", "batch", "threads"):
@@ -381,12 +386,15 @@ def main(argv=None) -> int:
         print(f"training: {training.get('steps')} steps, {training.get('wall_s')} s wall "
               f"(measured on {training.get('machine', '?')})")
     print(f"all figures measured on {machine}")
-    print(f"{'mode':<12} {'accuracy':>9} {'updated':>8} {'agree':>7} {'KL mean':>10} {'KL max':>10} {'recomputed':>11} {'compute':>8}")
+    print(f"{'mode':<12} {'accuracy':>9} {'updated':>8} {'agree':>7} {'KL mean':>10} {'KL max':>10} "
+          f"{'recomputed':>11} {'compute':>8}")
     for name, r in rows.items():
         rec = "-" if r["recomputed_tokens_mean"] is None else f"{r['recomputed_tokens_mean']:.1f}"
-        print(f"{name:<12} {r['accuracy']:>9.3f} {r['accuracy_updated']:>8.3f} {r['agree_with_full']:>7.3f} {r['kl_mean']:>10.2e} "
+        print(f"{name:<12} {r['accuracy']:>9.3f} {r['accuracy_updated']:>8.3f} {r['agree_with_full']:>7.3f} "
+              f"{r['kl_mean']:>10.2e} "
               f"{r['kl_max']:>10.2e} {rec:>11} {r['compute_vs_full']:>8.3f}")
-    print("accuracy: argmax == answer; updated: the same on the prompts whose key a later passage restates; agree: argmax == full prefill's; KL: KL(full || blend) of the "
+    print("accuracy: argmax == answer; updated: the same on the prompts whose key a later passage "
+          "restates; agree: argmax == full prefill's; KL: KL(full || blend) of the "
           "answer-position distribution, nats; recomputed: passage tokens recomputed per prompt; "
           "compute: token-layers computed / a full prefill's")
     print("passage KV against the full prefill's, relative L2 error per layer (K / V):")
