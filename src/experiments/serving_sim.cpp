@@ -262,7 +262,10 @@ kv::KvConfig ServingSim::make_config() {
   kv::KvConfig c;
   c.geometry = geo_;
   c.reuse = pol_.reuse;
-  if (pol_.ssd_admission) c.ssd_admit_after = s_.ssd_admit_after;
+  if (pol_.ssd_admission) {
+    c.ssd_admit_after = s_.ssd_admit_after;
+    c.ssd_write_budget = pol_.ssd;
+  }
   if (pol_.cache_aware) c.max_bypass = s_.sched_bypass;
   const double slot = static_cast<double>(geo_.slot_bytes());
   const double n = s_.cards;
@@ -584,6 +587,21 @@ void ServingSim::spill() {
   poll();
 }
 
+// Note [SSD admission] in src/kv/block_manager.cpp: SSD writes are granted at the drives'
+// rated pace, rated drive writes per day x the group's SSD bytes / 86,400 s, so the run wears
+// them at most at their rating (Note [SSD wear]); unspent credit holds up to 10 s of it.
+void ServingSim::grant_ssd_credit() {
+  const double dt = now_ - last_credit_;
+  last_credit_ = now_;
+  if (!bm().config().ssd_write_budget || dt <= 0) return;
+  const double rate = s_.rated_dwpd() * s_.ssd_bytes() * s_.cards / 86400.0;
+  credit_carry_ += rate * dt;
+  const double whole = std::floor(credit_carry_);
+  credit_carry_ -= whole;
+  bm().add_ssd_credit(static_cast<std::uint64_t>(whole),
+                      static_cast<std::uint64_t>(std::max(10 * rate, double(geo_.slot_bytes()))));
+}
+
 void ServingSim::start() {
   const std::size_t n = s_.requests.size();
   reqs_.resize(n);
@@ -605,7 +623,7 @@ void ServingSim::start() {
   }
   now_ = n ? reqs_[0].arrival : 0;
   advance(now_);
-  last_spill_ = now_;
+  last_spill_ = last_credit_ = now_;
 }
 
 bool ServingSim::step() {
@@ -619,6 +637,7 @@ bool ServingSim::step() {
       backlog_.push_back(next_);  // behind earlier refused requests
     ++next_;
   }
+  grant_ssd_credit();
   spill();
   // Note [Continuous batching]: decodes first, then prefill chunks.
   Work w;
@@ -869,7 +888,9 @@ void add_counters(ServeResult& a, const ServeResult& b) {
                       {&k.failed_actions, o.failed_actions},
                       {&k.cancelled_actions, o.cancelled_actions},
                       {&k.aborted_admissions, o.aborted_admissions},
-                      {&k.damaged_blocks, o.damaged_blocks}})
+                      {&k.damaged_blocks, o.damaged_blocks},
+                      {&k.blend_blocks, o.blend_blocks}, {&k.blend_tokens, o.blend_tokens},
+                      {&k.ssd_declined_slots, o.ssd_declined_slots}})
     *x += y;
   for (auto [x, y] : {std::pair{&k.peak_referenced_slots, o.peak_referenced_slots},
                       {&k.peak_running, o.peak_running}, {&k.peak_queue, o.peak_queue}})

@@ -177,6 +177,11 @@ namespace u3m::kv {
 // written to SSD only if its content was looked up by at least ssd_admit_after admissions,
 // else it is dropped (and a spill drops it instead of moving it). The counts are bounded: past
 // kMaxSeen keys every count halves and zeros go, so old popularity decays.
+// A count alone cannot promise a wear rate, and it costs hits: the second use of a block can
+// never be an SSD hit. So a write budget bounds the rate itself: with ssd_write_budget every
+// write to SSD spends credit the driver grants at the drives' rated pace (rated drive writes
+// per day x capacity / 86,400 s, Note [SSD wear]), and a victim that finds too little credit
+// is dropped. The drives then wear at most at their rating, plus the credit's cap.
 
 namespace {
 constexpr Tier kTierOf[kTiers] = {Tier::device, Tier::host, Tier::ssd};
@@ -581,10 +586,15 @@ TokenBlockId BlockManager::blend_source(std::uint64_t content) const {
   return best;
 }
 
-bool BlockManager::ssd_admits(const TokenBlock& b) const {
+bool BlockManager::ssd_admits(const TokenBlock& b, std::uint32_t g) const {
+  if (cfg_.ssd_write_budget && ssd_credit_ < cfg_.geometry.group_bytes(g)) return false;
   if (cfg_.ssd_admit_after <= 1) return true;
   auto it = seen_.find(b.content);
   return it != seen_.end() && it->second >= cfg_.ssd_admit_after;
+}
+
+void BlockManager::add_ssd_credit(std::uint64_t bytes, std::uint64_t cap) {
+  ssd_credit_ = std::min(cap, ssd_credit_ + std::min(bytes, cap));
 }
 
 // Note [Cache-aware admission]
@@ -824,7 +834,7 @@ void BlockManager::evict_slot(const Victim& victim, Tier t) {
   for (int lower = idx(t) + 1; lower < kTiers; ++lower) {
     if (cap_[lower] == 0) continue;
     const Tier to = kTierOf[lower];
-    if (to == Tier::ssd && !ssd_admits(blocks_.at(v.tb))) {  // Note [SSD admission]
+    if (to == Tier::ssd && !ssd_admits(blocks_.at(v.tb), v.group)) {  // Note [SSD admission]
       st_.ssd_declined_slots += groups_;
       break;
     }
@@ -853,6 +863,8 @@ void BlockManager::move_slot(TokenBlockId tb, std::uint32_t g, Tier to, Action::
     ++locked_[idx(to)];
   }
   b.tier[g] = to;
+  if (to == Tier::ssd && cfg_.ssd_write_budget)  // Note [SSD admission]: the write is paid
+    ssd_credit_ -= std::min(ssd_credit_, cfg_.geometry.group_bytes(g));
   if (evictable(b)) victims_[idx(to)].insert({b.prio, b.index, tb, g});
   emit({Action::Kind::move, why, block_id(tb, g), from, to, cfg_.geometry.group_bytes(g)}, tb, g);
 }
@@ -933,7 +945,7 @@ std::uint64_t BlockManager::spill(std::uint64_t budget_bytes) {
     if (moved + bytes > budget_bytes) break;
     if (free_slots(Tier::ssd) == 0 && !make_room(Tier::ssd, 1)) break;
     if (!blocks_.contains(v.tb) || blocks_.at(v.tb).tier[v.group] != Tier::host) continue;
-    if (!ssd_admits(blocks_.at(v.tb))) {  // Note [SSD admission]: freed, not written
+    if (!ssd_admits(blocks_.at(v.tb), v.group)) {  // Note [SSD admission]: freed, not written
       st_.ssd_declined_slots += groups_;
       drop(v.tb, Action::Reason::spill);
       check_emergency();

@@ -207,6 +207,7 @@ TEST(ServeSim, DramPressureAlertsAndSpillIsThrottled) {
   ServeScenario s = base("tiny", "u3m-dram");
   kv_slots(s, 30);
   s.ssd_admit_after = 0;  // every prompt here is seen once: the SSD filter would drop them all
+  s.ssd_rated_dwpd = 1e6;  // and a budget at the drives' rating would drop most
   s.spill_rate = 2e6;  // 2 MB/s: 61 slots of 32 KiB a second at most
   const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
   // DRAM for 60 slots: distinct prompts fill it with cached blocks.
@@ -229,6 +230,7 @@ TEST(ServeSim, SsdWearIsTheRunsWritesPerDriveDay) {
   ServeScenario s = base("tiny", "u3m-dram");
   kv_slots(s, 30);
   s.ssd_admit_after = 0;  // as above: write every victim
+  s.ssd_rated_dwpd = 1e6;
   s.spill_rate = 2e6;
   const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
   s.hw.host.dram_capacity.si = 60.5 * double(g.slot_bytes()) / (s.cards * s.dram_kv_fraction);
@@ -240,7 +242,20 @@ TEST(ServeSim, SsdWearIsTheRunsWritesPerDriveDay) {
   EXPECT_EQ(r.ssd_wear.bytes_written, r.links[2].bytes);
   EXPECT_DOUBLE_EQ(r.ssd_wear.drive_writes_per_day,
                    double(r.links[2].bytes) / (4 * 1e9) * 86400.0 / r.makespan_s);
-  EXPECT_NEAR(r.ssd_wear.rated_dwpd, s.hw.ssd.rated_dwpd(), 1e-12);
+  EXPECT_EQ(r.ssd_wear.rated_dwpd, 1e6);
+  const double unbudgeted = r.ssd_wear.drive_writes_per_day;
+  // Note [SSD admission]: at a rating below that pace, the write budget holds the run to it
+  // (plus the 10 s of credit the budget may hold unspent).
+  s.ssd_rated_dwpd = unbudgeted / 4;
+  const ServeResult held = simulate_serving(s);
+  ASSERT_GT(held.ssd_wear.bytes_written, 0u);
+  const double cap_dwpd = 10 * (s.ssd_rated_dwpd * 4e9 / 86400) / (4e9) * 86400 / held.makespan_s;
+  EXPECT_LE(held.ssd_wear.drive_writes_per_day, s.ssd_rated_dwpd + cap_dwpd);
+  EXPECT_LT(held.ssd_wear.bytes_written, r.ssd_wear.bytes_written);
+  EXPECT_GT(held.kv.ssd_declined_slots, 0u);
+  EXPECT_EQ(held.finished, 200u);
+  s.ssd_rated_dwpd = 0;
+  EXPECT_NEAR(s.rated_dwpd(), s.hw.ssd.rated_dwpd(), 1e-12);  // the profile's, by default
   s.ssd_rated_dwpd = 3;
   account_ssd_wear(s, r);
   EXPECT_EQ(r.ssd_wear.rated_dwpd, 3.0);
@@ -259,6 +274,7 @@ TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
     ServeScenario s = base("llama3-8b", "u3m");  // no DRAM tier: victims go to SSD
     kv_slots(s, 8 * 30);                         // 30 token blocks
     s.ssd_admit_after = 0;  // `a` is seen once before it leaves HBM: write it anyway
+    s.ssd_rated_dwpd = 1e6;  // and give the write budget room for it
     s.hw.ssd.read_bandwidth.si = ssd_read_bw;
     const std::vector<PromptSegment> a = {{"a", 2048}, {"qa", 16}}, b = {{"b", 2048}, {"qb", 16}};
     s.requests = {req(0, a, 2), req(5'000, b, 2), req(10'000, a, 2)};

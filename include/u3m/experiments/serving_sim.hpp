@@ -120,6 +120,7 @@ class ServingSim {
   void finish(std::size_t i);
   void retry_backlog();
   void spill();
+  void grant_ssd_credit();  // Note [SSD admission]
   void miss() { ++fleet_.misses; }
   bool stopped() const { return stop_after_ && fleet_.misses > stop_after_; }
   // Note [Pooled KV]: books `bytes` on a NIC link now; returns when they are through (ns).
@@ -139,6 +140,7 @@ class ServingSim {
   double eff_flops_ = 0;
   double now_ = 0;
   double spill_credit_ = 0, last_spill_ = 0;
+  double last_credit_ = 0, credit_carry_ = 0;  // SSD write credit granted up to last_credit_
   // The data path (Note [Serving on the store]): clock, simulated stack and store, in
   // construction order.
   sim::VirtualTime clock_;

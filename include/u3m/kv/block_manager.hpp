@@ -73,6 +73,9 @@ struct KvConfig {
   // Note [SSD admission]: a victim is written to SSD only once its content was looked up by
   // at least this many admissions; below it is dropped. 0 or 1: every victim is written.
   std::uint32_t ssd_admit_after = 0;
+  // Note [SSD admission]: true: writes to SSD spend a credit the driver grants
+  // (add_ssd_credit, at the drives' rated write rate); without credit a victim is dropped.
+  bool ssd_write_budget = false;
   // Note [Cache-aware admission]: a queued request may be passed over by at most this many
   // later ones that have more of their prompt cached; 0: the queue is FIFO.
   std::uint32_t max_bypass = 0;
@@ -252,6 +255,10 @@ class BlockManager {
   // budget would be exceeded.
   bool pin_prefix(const std::vector<workload::PromptSegment>& prefix);
 
+  // Note [SSD admission]: grants `bytes` of SSD writes, holding at most `cap` unspent.
+  void add_ssd_credit(std::uint64_t bytes, std::uint64_t cap);
+  std::uint64_t ssd_credit() const { return ssd_credit_; }
+
   // Leading full blocks of this prompt that are cached now (no side effects).
   std::uint32_t cached_prefix_blocks(const workload::ServeRequest& r) const;
 
@@ -372,7 +379,7 @@ class BlockManager {
   // one in the highest tier; 0 when none or when reuse is exact.
   TokenBlockId blend_source(std::uint64_t content) const;
   void release_sources(RequestId id);
-  bool ssd_admits(const TokenBlock& b) const;  // Note [SSD admission]
+  bool ssd_admits(const TokenBlock& b, std::uint32_t g) const;  // Note [SSD admission]
   Tier take_slot(std::uint32_t g);  // a free memory slot for group g, evicting if needed
   void place(TokenBlockId tb, std::uint32_t g, Action::Reason why);  // promote from SSD
   bool promote_host(TokenBlockId tb, std::uint32_t g);               // DRAM -> HBM if HBM has room
@@ -417,6 +424,7 @@ class BlockManager {
   // Note [Segment reuse]: cached blocks by content key (blend only).
   std::unordered_map<std::uint64_t, std::vector<TokenBlockId>> by_content_;
   std::unordered_map<std::uint64_t, std::uint32_t> seen_;  // Note [SSD admission]
+  std::uint64_t ssd_credit_ = 0;                           // bytes, with ssd_write_budget
   std::deque<Pending> queue_;
   std::vector<Action> actions_;  // prepared, not taken yet
   // Note [Two-phase actions]: pending actions by seq; the last pending action per slot; per
