@@ -193,13 +193,14 @@ void run_capacity(const ServeArgs& a) {
   }
   if (std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r.rate_scale <= 0; }))
     fmt::print("  none: no rate scale tried (down to 1/1024) met the SLOs\n");
-  const experiments::DecodeBound bound = experiments::decode_bound(s);
+  const experiments::ServeBound bound = experiments::serving_bound(s);
   fmt::print(
-      "  bound (derived, Note [Decode bound]): no KV policy exceeds {:.3f} goodput/s{}: the "
-      "decode steps alone read {:.1f} TB of KV and weights and take {:.2f} s with their launches\n",
+      "  bound (derived, Note [Serving bound]): no KV policy exceeds {:.3f} goodput/s{}: at "
+      "least {:.2f} s busy = max(decode reads {:.2f} s, unavoidable FLOPs {:.2f} s) + fixed "
+      "iteration costs {:.2f} s\n",
       bound.goodput_rps,
       base_goodput > 0 ? fmt::format(" ({:.2f}x hbm-only)", bound.goodput_rps / base_goodput) : "",
-      (bound.kv_read_bytes + bound.weight_read_bytes) / 1e12, bound.decode_s);
+      bound.busy_s, bound.memory_s, bound.compute_s, bound.fixed_s);
   fmt::print("  at each policy's capacity:\n");
   print_row_header();
   for (const auto& r : rows)

@@ -165,12 +165,15 @@ nlohmann::json serve_capacity_json(const ServeScenario& base,
                       {"profile", sim::profile_json(base.hw)}};
   j["scenario"].erase("rate_scale");
   j["scenario"]["search"] = "highest arrival-rate scale meeting the SLOs (docs/serving.md)";
-  const DecodeBound bound = decode_bound(base);
-  j["bound"] = {{"what",
-                 "goodput no KV policy can exceed: requests / least decode time "
-                 "(Note [Decode bound], derived, not simulated)"},
+  const ServeBound bound = serving_bound(base);
+  j["bound"] = {{"what", "goodput no KV policy can exceed: requests / least busy time of the work "
+                         "no reuse removes (Note [Serving bound], derived, not simulated)"},
                 {"goodput_rps", bound.goodput_rps},
-                {"decode_s", bound.decode_s},
+                {"busy_s", bound.busy_s},
+                {"memory_s", bound.memory_s},
+                {"compute_s", bound.compute_s},
+                {"fixed_s", bound.fixed_s},
+                {"unique_tokens", bound.unique_tokens},
                 {"kv_read_bytes", bound.kv_read_bytes},
                 {"weight_read_bytes", bound.weight_read_bytes},
                 {"vs_hbm_only", base_goodput > 0 ? nlohmann::json(bound.goodput_rps / base_goodput)

@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "u3m/engine/run_observer.hpp"
 #include "u3m/kv/recompute.hpp"
@@ -130,38 +131,49 @@ double prefill_seconds(const ServeScenario& s, std::uint64_t prompt_tokens) {
   return t;
 }
 
-// Note [Decode bound]
+// Note [Serving bound]
 // Whatever a policy reuses, each output token after the first is a decode step that reads the
-// KV of its whole context, and each iteration reads the weights once. On a group of N cards
-// with HBM bandwidth BW each, a trace's decode work alone takes at least
-//   T = (sum_r sum_{j=1..o_r-1} (p_r + j) * kv  +  I * W) / (N * BW)  +  I * F,
-//   I = ceil(sum_r (o_r - 1) / max_running)  (an iteration holds at most max_running sequences)
+// KV of its whole context, each iteration reads the weights once, and every segment's first
+// occurrence in the trace must be computed once (no cache holds it yet). On a group of N cards
+// with HBM bandwidth BW and achievable FLOP rate R (peak x matmul efficiency) each:
+//   M = (sum_r sum_{j=1..o_r-1} (p_r + j) * kv  +  I * W) / (N * BW)     decode's memory reads
+//   C = (U + sum_r (o_r - 1)) * L / (N * R)                               FLOPs that must run
+//   T = max(M, C) + I * F,   I = ceil(sum_r (o_r - 1) / max_running)
 // with p_r and o_r a request's prompt and output tokens, kv the KV bytes of one token (all
-// layers), W the 16-bit weights, F an iteration's fixed costs: its kernel launches (8 per
-// layer, Note [Iteration cost], as iteration_compute_s charges them) and the latency of its 2
-// all-reduces per layer; every prefill free, all KV in HBM, FLOPs and all-reduce bytes free. Busy
-// time >= T and makespan >= busy, so no policy's goodput (met / makespan) exceeds requests / T;
-// with several instances the work splits at best evenly. It bounds what prefill reuse of any kind
-// (prefix, blend, a pool) can gain: decode reads are not reused.
-DecodeBound decode_bound(const ServeScenario& s) {
+// layers), W the 16-bit weights, U the tokens of segments seen for the first time (at least one
+// per request: its last prompt token), L a token's linear FLOPs (attention and lm_head left
+// out), F an iteration's fixed costs: its kernel launches (8 per layer, Note [Iteration
+// cost], as iteration_compute_s charges them) and the latency of its 2 all-reduces per layer.
+// An iteration costs max(its compute, its memory) + its fixed costs, and a sum of maxima is at
+// least the maximum of the sums, so busy time >= T; makespan >= busy, so no policy's goodput
+// (met / makespan) exceeds requests / T. With several instances the work splits at best evenly.
+// Everything else is free: reused prefill, KV moves, all-reduce bytes, attention.
+ServeBound serving_bound(const ServeScenario& s) {
   const double kv = double(workload::analytic::kv_bytes_per_token(s.shape));
   const double w = weight_bytes(s.shape);
-  DecodeBound b;
+  ServeBound b;
   double steps = 0;
+  std::unordered_set<std::string> seen;
   for (const workload::ServeRequest& r : s.requests) {
     const double p = double(r.prompt_tokens()), o = std::max(1.0, double(r.output_tokens));
     b.kv_read_bytes += ((o - 1) * p + (o - 1) * o / 2) * kv;
     steps += o - 1;
+    std::uint64_t fresh = 0;
+    for (const workload::PromptSegment& seg : r.prompt)
+      if (seen.insert(seg.id).second) fresh += seg.tokens;
+    b.unique_tokens += std::max<std::uint64_t>(fresh, 1);
   }
   const double iterations = std::ceil(steps / s.max_running);
   b.weight_read_bytes = iterations * w;
+  const double n = s.cards;
+  b.memory_s = (b.kv_read_bytes + b.weight_read_bytes) / (n * s.hw.device.hbm_bandwidth.si);
+  b.compute_s = (double(b.unique_tokens) + steps) * per_token_linear_flops(s.shape) /
+                (n * s.hw.device.peak_flops.si * s.hw.device.matmul_efficiency.si);
   double fixed = (kKernelsPerLayer * s.shape.layers - 1) * s.hw.device.launch_overhead.si;
   if (s.cards > 1) fixed += 2.0 * s.shape.layers * sim::all_reduce_s(s.hw, 0, s.cards);
-  b.decode_s =
-      (b.kv_read_bytes + b.weight_read_bytes) / (double(s.cards) * s.hw.device.hbm_bandwidth.si) +
-      iterations * fixed;
-  b.decode_s /= s.instances;
-  b.goodput_rps = b.decode_s > 0 ? double(s.requests.size()) / b.decode_s : 0;
+  b.fixed_s = iterations * fixed;
+  b.busy_s = (std::max(b.memory_s, b.compute_s) + b.fixed_s) / s.instances;
+  b.goodput_rps = b.busy_s > 0 ? double(s.requests.size()) / b.busy_s : 0;
   return b;
 }
 

@@ -125,23 +125,29 @@ TEST(ServeSim, BoundedQueueNeverLosesARequest) {
 
 // Issue 18 item 7: goodput is requests that met both SLOs per second of makespan. Three
 // requests arriving within 6 ms are not 500 requests a second.
-// Note [Decode bound], by hand: two requests, 4 cards.
-TEST(ServeSim, DecodeBoundIsTheLeastDecodeTimeOfTheTrace) {
+// Note [Serving bound], by hand: two requests sharing a segment, 4 cards.
+TEST(ServeSim, ServingBoundIsTheLeastBusyTimeNoReuseRemoves) {
   ServeScenario s = base("llama3-8b", "hbm-only");
-  s.requests = {req(0, {{"a", 1000}}, 3), req(0, {{"b", 200}}, 1)};
-  const DecodeBound b = decode_bound(s);
+  s.requests = {req(0, {{"a", 1000}}, 3), req(0, {{"a", 1000}, {"b", 200}}, 1)};
+  const ServeBound b = serving_bound(s);
   const workload::ModelShape& m = s.shape;
   const double kv = double(workload::analytic::kv_bytes_per_token(m));
-  EXPECT_DOUBLE_EQ(b.kv_read_bytes, (1001.0 + 1002.0) * kv);  // a's two decode steps, b's none
+  EXPECT_DOUBLE_EQ(b.kv_read_bytes, (1001.0 + 1002.0) * kv);  // the first's two decode steps
   const double w = 2.0 * double(workload::analytic::param_count(m));
   EXPECT_DOUBLE_EQ(b.weight_read_bytes, w);  // both steps fit one iteration
+  EXPECT_EQ(b.unique_tokens, 1200u);         // `a` once, `b` once
+  const double n = 4;
+  EXPECT_NEAR(b.memory_s, (b.kv_read_bytes + w) / (n * s.hw.device.hbm_bandwidth.si), 1e-15);
+  const double lin = 2.0 * double(workload::analytic::layer_param_count(m)) * m.layers;
+  const double rate = s.hw.device.peak_flops.si * s.hw.device.matmul_efficiency.si;
+  EXPECT_NEAR(b.compute_s, (1200.0 + 2.0) * lin / (n * rate), 1e-15);
   const double fixed = (8.0 * m.layers - 1) * s.hw.device.launch_overhead.si +
                        2.0 * m.layers * sim::all_reduce_s(s.hw, 0, 4);
-  EXPECT_NEAR(b.decode_s, (b.kv_read_bytes + w) / (4 * s.hw.device.hbm_bandwidth.si) + fixed,
-              1e-15);
-  EXPECT_DOUBLE_EQ(b.goodput_rps, 2 / b.decode_s);
+  EXPECT_NEAR(b.fixed_s, fixed, 1e-15);
+  EXPECT_NEAR(b.busy_s, std::max(b.memory_s, b.compute_s) + fixed, 1e-15);
+  EXPECT_DOUBLE_EQ(b.goodput_rps, 2 / b.busy_s);
   // No simulated policy beats it.
-  for (const char* pol : {"hbm-only", "u3m-blend"}) {
+  for (const char* pol : {"hbm-only", "u3m", "u3m-blend"}) {
     s.policy = pol;
     EXPECT_LT(simulate_serving(s).goodput_rps, b.goodput_rps) << pol;
   }

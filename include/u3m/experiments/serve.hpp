@@ -107,14 +107,17 @@ ServeSlo default_slo(const workload::ModelShape& m);
 std::vector<double> spread_arrivals(const std::vector<workload::ServeRequest>& requests,
                                     bool spread);
 
-// Note [Decode bound] in serve.cpp: the most goodput any KV policy can reach on this trace
-// and hardware, whatever it reuses: requests / the least time its decode steps take.
-struct DecodeBound {
-  double decode_s = 0;     // the least time of the decode work (all instances in parallel)
-  double goodput_rps = 0;  // requests / decode_s
+// Note [Serving bound] in serving_sim.cpp: the most goodput any KV policy can reach on this
+// trace and hardware, whatever it reuses: requests / the least busy time of the work that no
+// reuse removes (decode's reads, the first occurrence of every segment, fixed iteration costs).
+struct ServeBound {
+  double busy_s = 0;       // the least busy time (instances in parallel)
+  double goodput_rps = 0;  // requests / busy_s
+  double memory_s = 0, compute_s = 0, fixed_s = 0;  // its parts, on one group
   double kv_read_bytes = 0, weight_read_bytes = 0;
+  std::uint64_t unique_tokens = 0;  // prompt tokens no cache can hold before they are computed
 };
-DecodeBound decode_bound(const ServeScenario& s);
+ServeBound serving_bound(const ServeScenario& s);
 
 // Unloaded costs on the profile (one request alone, no cache hit).
 double prefill_seconds(const ServeScenario& s, std::uint64_t prompt_tokens);
