@@ -81,7 +81,7 @@ json train-capacity-ga16 "$U3M" train capacity --grad-accum 16 --full-ft none
 step failover '1p;/slowdown per step/p' "$U3M" train sim --model llama2-13b --fail-card 1@10
 
 section "8. RAG serving goodput per KV policy, simulated with the ascend-910b-32g profile x 4 cards (docs/serving.md): in the summary below"
-json serve-rag "$U3M" serve capacity --requests rag --model llama3-8b --policies hbm-only,u3m
+json serve-rag "$U3M" serve capacity --requests rag:requests=2000 --model llama3-8b
 # 200 requests: the serving simulator now runs every KV move through the store on a simulated
 # stack, about 25x slower than its old arithmetic on SSD-heavy runs (docs/serving.md).
 json serve-mooncake "$U3M" serve capacity --requests "$root/data/requests/mooncake_conversation_trace.jsonl.gz" \
