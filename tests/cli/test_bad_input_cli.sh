@@ -323,6 +323,10 @@ serve_common() {  # CMD... (a valid base without --requests)
   run_bad "$* --hw unknown" "nope" "$@" "${R[@]}" --hw nope
   run_bad "$* --hw bad" "bad.toml" "$@" "${R[@]}" --hw "$tmp/bad.toml"
   for v in -1 nan inf abc; do run_bad "$* --ssd-dwpd $v" "--ssd-dwpd" "$@" "${R[@]}" --ssd-dwpd "$v"; done
+  for v in -0.1 1.5 nan abc; do run_bad "$* --blend-recompute $v" "--blend-recompute" "$@" "${R[@]}" --blend-recompute "$v"; done
+  for f in --ssd-admit-after --sched-bypass; do
+    for v in -1 2.5 abc 99999999999; do run_bad "$* $f $v" "$f" "$@" "${R[@]}" $f "$v"; done
+  done
   request_inputs "$@" --requests
   run_bad "$* not rag, not a file" "ragx" "$@" --requests ragx
   run_bad "$* rag no =" "--requests" "$@" --requests rag:requests
