@@ -59,11 +59,12 @@ std::string_view to_string(KvSource s) {
 //                       dominate at RAG lengths; attention is charged at the block's start).
 // The rest of the block is fetched: its source's bytes are copied into the request's own block
 // and its keys re-rotated to their new positions (read and write of K: the driver charges
-// those bytes). Capped at t.
+// those bytes). Capped at t. At fraction 0 nothing is selected, so nothing is charged: pure
+// reuse with re-rotation only.
 std::uint32_t blend_recompute_tokens(std::uint32_t tokens, double fraction, std::uint32_t layers) {
   if (!(fraction >= 0 && fraction <= 1))
     throw std::invalid_argument(fmt::format("kv: blend fraction {} is not in [0, 1]", fraction));
-  if (tokens == 0) return 0;
+  if (tokens == 0 || fraction == 0) return 0;  // pure reuse: nothing to select
   // Less a hair, so that 0.15 * 20 is 3 and not 3.0000000000000004.
   const auto recompute = static_cast<std::uint64_t>(std::ceil(fraction * tokens - 1e-9));
   const std::uint64_t selection = layers ? (tokens + layers - 1) / layers : tokens;

@@ -113,3 +113,15 @@ TEST(KvRecompute, TiesFetch) {
   EXPECT_EQ(RecomputeOrFetch(c, true).choose(0, m), KvSource::fetch);
   EXPECT_EQ(to_string(KvSource::recompute), "recompute");
 }
+
+// Note [Blend cost]: the recomputed share rounded up, plus one selection layer of the block.
+TEST(KvBlendCost, RecomputedShareRoundedUpPlusTheSelectionLayer) {
+  EXPECT_EQ(blend_recompute_tokens(128, 0.15, 32), 20u + 4u);  // ceil(19.2) + 128 / 32
+  EXPECT_EQ(blend_recompute_tokens(20, 0.15, 32), 3u + 1u);    // 0.15 x 20 is 3, not 4, +1
+  EXPECT_EQ(blend_recompute_tokens(32, 0.15, 40), 5u + 1u);    // ceil(32 / 40) = 1
+  EXPECT_EQ(blend_recompute_tokens(128, 0.0, 32), 0u);         // pure reuse: nothing selected
+  EXPECT_EQ(blend_recompute_tokens(10, 1.0, 32), 10u);         // capped at the block
+  EXPECT_EQ(blend_recompute_tokens(0, 0.15, 32), 0u);
+  EXPECT_THROW(blend_recompute_tokens(8, 1.5, 32), std::invalid_argument);
+  EXPECT_THROW(blend_recompute_tokens(8, -0.1, 32), std::invalid_argument);
+}
