@@ -111,7 +111,8 @@ void print_detail(const experiments::ServeResult& r) {
              gb(double(r.capacity_bytes[2])), gb(double(r.peak_bytes[2])));
   fmt::print(
       "      links: d2h {}, h2d {}, h2s {}, s2h {}; waited for DRAM KV {:.2f} s of {:.2f} s busy; "
-      "hits by tier (blocks) device {} host {} ssd {}, {:.0f}% of hits recomputed; slots promoted "
+      "hits by tier (blocks) device {} host {} ssd {}, {:.0f}% of reused tokens recomputed; slots "
+      "promoted "
       "from host {}, from ssd {}; spilled {}, alerts {}\n",
       gb(double(r.links[0].bytes)), gb(double(r.links[1].bytes)), gb(double(r.links[2].bytes)),
       gb(double(r.links[3].bytes)), r.kv_wait_s, r.busy_s, r.kv.hit_blocks_by_tier[0],
@@ -123,6 +124,17 @@ void print_detail(const experiments::ServeResult& r) {
       "rating of {:.2g})\n",
       gb(double(w.bytes_written)), w.drive_writes_per_day,
       w.drive_writes_per_day > w.rated_dwpd ? "OVER " : "within ", w.rated_dwpd);
+  if (r.kv.ssd_declined_slots)
+    fmt::print("      SSD admission: {} slots dropped instead of written (count or budget)\n",
+               r.kv.ssd_declined_slots);
+  if (r.blend_tokens) {
+    const double prompt = r.kv.prompt_tokens ? double(r.kv.prompt_tokens) : 1.0;
+    fmt::print(
+        "      blend: {:.1f}% of prompt tokens reused at a new position ({} blocks), {:.1f}% of "
+        "reused tokens recomputed; prefill skipped {:.1f}% of prompt tokens\n",
+        100 * double(r.blend_tokens) / prompt, r.kv.blend_blocks, 100 * r.recomputed_share,
+        100 * r.reuse_rate);
+  }
   if (r.instances > 1 || r.shared_pool)
     fmt::print(
         "      {} instances, pool {}: pool {} (peak {}), hits {} blocks ({} tokens), put {} "
