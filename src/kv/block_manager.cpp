@@ -571,9 +571,12 @@ TokenBlockId BlockManager::blend_source(std::uint64_t content) const {
   if (cfg_.reuse != Reuse::blend) return 0;
   auto it = by_content_.find(content);
   if (it == by_content_.end()) return 0;
+  // A hot passage may be cached after many contexts: the newest few are enough to find one
+  // in a high tier, and the lookup stays cheap for the cache-aware queue's scans.
+  constexpr int kLook = 16;
   TokenBlockId best = 0;
-  int best_tier = kTiers;
-  for (auto c = it->second.rbegin(); c != it->second.rend(); ++c) {  // the newest first
+  int best_tier = kTiers, looked = 0;
+  for (auto c = it->second.rbegin(); c != it->second.rend() && looked++ < kLook; ++c) {
     const TokenBlock& b = blocks_.at(*c);
     if (b.damaged) continue;
     int lowest = 0;
