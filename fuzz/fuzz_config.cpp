@@ -131,9 +131,9 @@ std::string rag_spec(const workload::RagConfig& c) {
       "passages={},zipf={},topics={},topic-zipf={},rank-noise={},passage-len={},"
       "question-len={},output-len={},order={},turns={},seed={}",
       c.requests, c.rate_per_s, c.system_tokens, c.system_prompts, c.system_zipf, c.corpus,
-      c.passages_per_request, c.zipf_s, c.topics, c.topic_zipf, c.rank_noise,
-      c.passage.describe(), c.question.describe(), c.output.describe(),
-      c.sort_passages ? "sorted" : "rank", c.turns, c.seed);
+      c.passages_per_request, c.zipf_s, c.topics, c.topic_zipf, c.rank_noise, c.passage.describe(),
+      c.question.describe(), c.output.describe(), c.sort_passages ? "sorted" : "rank", c.turns,
+      c.seed);
 }
 
 void rag(std::string_view t) {
@@ -148,9 +148,8 @@ void rag(std::string_view t) {
     // fmt's {} for a double is the shortest form that reads back exactly.
     const workload::RagConfig back = cli::parse_rag_spec(rag_spec(c));
     require(back.describe() == c.describe() && back.rate_per_s == c.rate_per_s &&
-            back.zipf_s == c.zipf_s && back.seed == c.seed &&
-            back.system_zipf == c.system_zipf && back.topic_zipf == c.topic_zipf &&
-            back.rank_noise == c.rank_noise);
+            back.zipf_s == c.zipf_s && back.seed == c.seed && back.system_zipf == c.system_zipf &&
+            back.topic_zipf == c.topic_zipf && back.rank_noise == c.rank_noise);
   } catch (const InputError&) {
     std::abort();
   }

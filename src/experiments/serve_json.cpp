@@ -166,8 +166,9 @@ nlohmann::json serve_capacity_json(const ServeScenario& base,
   j["scenario"].erase("rate_scale");
   j["scenario"]["search"] = "highest arrival-rate scale meeting the SLOs (docs/serving.md)";
   const ServeBound bound = serving_bound(base);
-  j["bound"] = {{"what", "goodput no KV policy can exceed: requests / least busy time of the work "
-                         "no reuse removes (Note [Serving bound], derived, not simulated)"},
+  j["bound"] = {{"what",
+                 "goodput no KV policy can exceed: requests / least busy time of the work "
+                 "no reuse removes (Note [Serving bound], derived, not simulated)"},
                 {"goodput_rps", bound.goodput_rps},
                 {"busy_s", bound.busy_s},
                 {"memory_s", bound.memory_s},

@@ -212,7 +212,7 @@ TEST(ServeSim, BlendChargesRecomputedTokensCopiesAndReRotationExactly) {
 TEST(ServeSim, DramPressureAlertsAndSpillIsThrottled) {
   ServeScenario s = base("tiny", "u3m-dram");
   kv_slots(s, 30);
-  s.ssd_admit_after = 0;  // every prompt here is seen once: the SSD filter would drop them all
+  s.ssd_admit_after = 0;   // every prompt here is seen once: the SSD filter would drop them all
   s.ssd_rated_dwpd = 1e6;  // and a budget at the drives' rating would drop most
   s.spill_rate = 2e6;  // 2 MB/s: 61 slots of 32 KiB a second at most
   const auto g = kv::KvGeometry::of(s.shape, s.block_tokens, s.layers_per_group);
@@ -279,7 +279,7 @@ TEST(ServeSim, SsdHitsAreFetchedOrRecomputedByCost) {
   auto run = [](double ssd_read_bw) {
     ServeScenario s = base("llama3-8b", "u3m");  // no DRAM tier: victims go to SSD
     kv_slots(s, 8 * 30);                         // 30 token blocks
-    s.ssd_admit_after = 0;  // `a` is seen once before it leaves HBM: write it anyway
+    s.ssd_admit_after = 0;   // `a` is seen once before it leaves HBM: write it anyway
     s.ssd_rated_dwpd = 1e6;  // and give the write budget room for it
     s.hw.ssd.read_bandwidth.si = ssd_read_bw;
     const std::vector<PromptSegment> a = {{"a", 2048}, {"qa", 16}}, b = {{"b", 2048}, {"qb", 16}};

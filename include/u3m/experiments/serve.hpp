@@ -111,8 +111,8 @@ std::vector<double> spread_arrivals(const std::vector<workload::ServeRequest>& r
 // trace and hardware, whatever it reuses: requests / the least busy time of the work that no
 // reuse removes (decode's reads, the first occurrence of every segment, fixed iteration costs).
 struct ServeBound {
-  double busy_s = 0;       // the least busy time (instances in parallel)
-  double goodput_rps = 0;  // requests / busy_s
+  double busy_s = 0;                                // the least busy time (instances in parallel)
+  double goodput_rps = 0;                           // requests / busy_s
   double memory_s = 0, compute_s = 0, fixed_s = 0;  // its parts, on one group
   double kv_read_bytes = 0, weight_read_bytes = 0;
   std::uint64_t unique_tokens = 0;  // prompt tokens no cache can hold before they are computed
