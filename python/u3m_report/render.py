@@ -149,6 +149,9 @@ def summary(kind, d):
         cells = ", ".join(f"{n} {p['goodput_rps']:.2f}/s" +
                           (f" ({p['goodput_rps'] / base:.2f}x)" if base else "")
                           for n, p in d["policies"].items())
+        if d.get("bound_rps"):
+            cells += (f"; no KV policy can exceed {d['bound_rps']:.2f}/s"
+                      + (f" ({d['bound_rps'] / base:.2f}x)" if base else "") + " (derived bound)")
         return [f"serving goodput at capacity [{d['label']}; {d['requests']}]: {cells}"]
     if kind == "predict":
         lines = []

@@ -137,6 +137,9 @@ def serve_capacity(doc, path):
                                  "goodput_rps": field(p, "goodput_rps", float, pw),
                                  "trace_rate": rate / scale if scale > 0 else None,
                                  "tried": sorted(tried)}
+    if "bound" in doc:  # Note [Serving bound]: derived; older results have none
+        out["bound_rps"] = field(field(doc, "bound", dict, path), "goodput_rps", float,
+                                 path + ".bound")
     return out
 
 
