@@ -474,7 +474,7 @@ BlockManager::Need BlockManager::need_of(const Pending& p) const {
     }
     n.mem_slots += groups_;
     n.new_refs += groups_;
-    if (TokenBlockId src = blend_source(p.content[i])) held(src);
+    if (TokenBlockId src = p.blend ? blend_source(p.content[i]) : 0) held(src);
   }
   const std::uint64_t priv = std::uint64_t{p.blocks - p.keys.size()} * groups_;
   n.mem_slots += priv;
@@ -482,7 +482,18 @@ BlockManager::Need BlockManager::need_of(const Pending& p) const {
   return n;
 }
 
-bool BlockManager::fits(const Pending& p) const {
+// Blending is optional: its sources and copies cost slots a plain admission of the same
+// prompt does not, and too_large() promises only the plain one. So a request that fits only
+// without its blends is admitted without them, and Note [Never lost] still holds.
+bool BlockManager::fits(Pending& p) const {
+  p.blend = cfg_.reuse == Reuse::blend;
+  if (fits_as_is(p)) return true;
+  if (!p.blend) return false;
+  p.blend = false;
+  return fits_as_is(p);
+}
+
+bool BlockManager::fits_as_is(const Pending& p) const {
   const Need n = need_of(p);
   const std::uint64_t limit = overcommit_limit_slots();
   if (locked_[0] + locked_[1] + n.mem_slots > mem_capacity()) return false;
@@ -620,7 +631,7 @@ void BlockManager::admit_queued(std::vector<Admission>& out) {
     } else {
       std::int64_t best = -1;
       for (std::size_t j = 0; j < std::min(queue_.size(), kWindow); ++j) {
-        const Pending& p = queue_[j];
+        Pending& p = queue_[j];
         if (fits(p)) {
           const auto c = static_cast<std::int64_t>(cached_tokens(p));
           if (c > best) {
@@ -668,7 +679,7 @@ Admission BlockManager::admit(const Pending& p, bool from_queue) {
     auto it = cache_.find(p.keys[i]);
     if (it == cache_.end()) {
       run = false;
-      if (TokenBlockId src = blend_source(p.content[i])) {
+      if (TokenBlockId src = p.blend ? blend_source(p.content[i]) : 0) {
         ref(blocks_.at(src), src);
         sources[i] = src;
       }

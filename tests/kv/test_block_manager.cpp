@@ -644,6 +644,23 @@ TEST(KvBlend, PassageAfterAnotherContextIsCopiedFromItsSourceAndSourcesAreReleas
   EXPECT_TRUE(ex.blends.empty());
 }
 
+// Note [Never lost] under blend: a prompt that fits only without its blends' sources and
+// copies is admitted without them, not queued for ever.
+TEST(KvBlend, RequestThatFitsOnlyWithoutItsBlendsIsAdmittedPlain) {
+  KvConfig c = hbm_only(6);  // three token blocks of 2 groups
+  c.reuse = Reuse::blend;
+  BlockManager m(c);
+  run_once(m, 1, req({{"p1", 4}, {"p2", 4}}, 0));  // p1, p2 cached
+  Admission a;
+  // x, p2, p1: with blends 3 new blocks + 2 sources (10 slots); plain, 3 blocks (6).
+  ASSERT_EQ(m.submit(2, req({{"x", 4}, {"p2", 4}, {"p1", 4}}, 0), &a), SubmitResult::admitted);
+  EXPECT_TRUE(a.blends.empty());
+  EXPECT_EQ(a.new_blocks, 3u);
+  m.check_invariants();
+  drain(m, m.finish(2));
+  m.check_invariants();
+}
+
 TEST(KvBlend, SourceOnSsdIsPromotedForTheCopy) {
   KvConfig c = hbm_homes(6, 0, 8);  // HBM: three token blocks of 2 groups; SSD behind
   c.reuse = Reuse::blend;

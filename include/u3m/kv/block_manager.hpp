@@ -342,6 +342,7 @@ class BlockManager {
     std::uint64_t prompt_tokens;
     std::uint32_t blocks;  // prompt + output
     std::uint32_t bypassed = 0;  // Note [Cache-aware admission]
+    bool blend = true;  // Note [Segment reuse]: fits() clears it when only a plain admission fits
   };
   // A prepared action not completed yet (Note [Two-phase actions]).
   struct Op {
@@ -366,7 +367,8 @@ class BlockManager {
   Pending make_pending(RequestId id, const workload::ServeRequest& r) const;
   bool too_large(const Pending& p) const;
   Need need_of(const Pending& p) const;
-  bool fits(const Pending& p) const;
+  bool fits(Pending& p) const;  // sets p.blend (Note [Segment reuse])
+  bool fits_as_is(const Pending& p) const;
   Admission admit(const Pending& p, bool from_queue);
   void account(const Pending& p, const Admission& a, bool add);  // admission counters
   void admit_queued(std::vector<Admission>& out);
