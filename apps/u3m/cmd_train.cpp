@@ -264,10 +264,10 @@ std::string bound_text(const experiments::BoundShape& b) {
   if (b.params == 0) return "none";
   return fmt::format(
       "{:.2f}B ({}, loss >= {:.1f}%, {} recomputed layers, optimizer on the {}; per card per "
-      "step h2d {}, d2h {}, SSD {}; {})",
+      "step h2d {}, d2h {}, SSD read {}, SSD write {}; {})",
       double(b.params) / 1e9, b.model, 100 * b.loss, b.recompute_layers,
       b.optimizer_on_host ? "host" : "device", gb(double(b.h2d)), gb(double(b.d2h)),
-      gb(double(b.ssd)), b.binding);
+      gb(double(b.ssd)), gb(double(b.ssd_write)), b.binding);
 }
 
 nlohmann::json bound_json(const experiments::BoundShape& b) {
@@ -277,7 +277,8 @@ nlohmann::json bound_json(const experiments::BoundShape& b) {
           {"ideal_step_s", b.ideal_s},  {"compute_s", b.compute_s},
           {"footprint_bytes", b.footprint},
           {"h2d_bytes", b.h2d},         {"d2h_bytes", b.d2h},
-          {"ssd_bytes", b.ssd},         {"host_adam_s", b.host_adam_s},
+          {"ssd_bytes", b.ssd},         {"ssd_write_bytes", b.ssd_write},
+          {"host_adam_s", b.host_adam_s},
           {"binding", b.binding}};
 }
 

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "u3m/engine/steps.hpp"
+#include "u3m/experiments/traffic_bound.hpp"
 #include "u3m/policy/tiering.hpp"
 #include "u3m/policy/u3m.hpp"
 #include "u3m/sim/cost.hpp"
@@ -688,30 +689,39 @@ std::vector<CapacityRow> training_capacity(
 // Note [Physical bound]
 // The largest model no schedule can train within the loss bound, from what
 // must cross the links whatever the policy does. Per card and per step, for
-// each recompute depth k of the search and each optimizer placement:
-//  * F_k, the trace's footprint (the most bytes live at once, with its
-//    frees at last use), H the HBM, D the host DRAM, G the micro-batches,
-//    O the optimizer state (master, m, v), W the gradient shard (= the
-//    trainable 16-bit weight shard);
-//  * at the footprint's peak, e = F_k - H bytes that are live (used again)
-//    are not on the device (with a host optimizer, O lives in DRAM and is
-//    used there: e = F_k - O - H). Each must come back over the host link
-//    before its next use. Everything live at a micro-batch's peak except O
-//    is used again within that micro-batch (its activations, weight and
-//    gradient shards), so the peak costs e bytes h2d per micro-batch, except
-//    what O can take: optimizer state is used once per step.
-//      device optimizer: h2d >= min(e, O) + G max(0, e - O) - (the first
-//                        micro-batch's peak lacks the gradients: W less),
-//                        d2h >= min(e, O) (updated state written back);
-//      host optimizer:   h2d >= max(G e, W) (updated weights come back),
-//                        d2h >= W (gradients go to the host), and the host
-//                        Adam step takes its bytes over the DRAM bandwidth;
-//  * what exceeds H + D crosses the SSD at least once: F_k - H - D bytes;
-//  * no op can run with more than H bytes of touches, and no step with more
-//    than H + D + SSD live.
-// The bound's step is the largest of the compute (ideal plus the
-// recomputed forward), each link's bytes over its practical bandwidth and
-// the host Adam step: all may overlap fully (a delayed parameter update
+// each recompute depth k of the search and each optimizer placement, two
+// sets of lower bounds on each link's bytes, the larger taken:
+//  1. From the footprint. F_k, the trace's footprint (the most bytes live
+//     at once, with its frees at last use), H the HBM, D the host DRAM, G
+//     the micro-batches, O the optimizer state (master, m, v), W the
+//     gradient shard (= the trainable 16-bit weight shard). At the
+//     footprint's peak, e = F_k - H bytes that are live (used again) are
+//     not on the device (with a host optimizer, O lives in DRAM and is used
+//     there: e = F_k - O - H). Each must come back over the host link
+//     before its next use. Everything live at a micro-batch's peak except O
+//     is used again within that micro-batch (its activations, weight and
+//     gradient shards), so the peak costs e bytes h2d per micro-batch,
+//     except what O can take: optimizer state is used once per step.
+//       device optimizer: h2d >= min(e, O) + G max(0, e - O) - (the first
+//                         micro-batch's peak lacks the gradients: W less),
+//                         d2h >= min(e, O) (updated state written back);
+//       host optimizer:   h2d >= max(G e, W) (updated weights come back),
+//                         d2h >= W (gradients go to the host), and the host
+//                         Adam step takes its bytes over the DRAM bandwidth.
+//     What exceeds H + D crosses the SSD at least once: F_k - H - D bytes.
+//  2. From the order of uses (Note [Traffic lower bound] in
+//     traffic_bound.cpp): byte-granular Belady over the steady iteration
+//     with HBM for h2d (and the gradients a host optimizer reads for d2h),
+//     with HBM + DRAM for SSD reads, and the new data alive at the
+//     iteration's end beyond H + D for SSD writes. The footprint misses
+//     that a layer's weights, evicted for the next layers' activations,
+//     come back in backward; Belady does not, and it covers the SSD's
+//     reads as well as its writes.
+// No op can run with more than H bytes of touches, and no step with more
+// than H + D + SSD live. The bound's step is the largest of the compute
+// (ideal plus the recomputed forward), each link's bytes over its practical
+// bandwidth (the SSD's reads and writes share the drive: their times add)
+// and the host Adam step: all may overlap fully (a delayed parameter update
 // hides the host step too). The serial figure adds them instead: the
 // issue's "traffic within max-loss x compute" reading, which a schedule
 // that overlaps beats, so it is not a bound, only a yardstick. Loss = 1 -
@@ -732,7 +742,7 @@ BoundEval bound_of(const TrainScenario& base, const workload::ModelShape& m) {
   TrainScenario s = base;
   s.shape = m;
   s.policy = "hbm-only";  // no window log needed
-  s.steps = 2;
+  s.steps = std::max(base.steps, 2u);  // the policies' trace, whose last iteration is timed
   s.search = true;
   const std::vector<CardSlot> slots = {{0, s.train.zero3_shards}};
   workload::TrainConfig cfg = s.train;
@@ -744,7 +754,7 @@ BoundEval bound_of(const TrainScenario& base, const workload::ModelShape& m) {
   const sim::SimTransportConfig links = sim::links_from_profile(s.hw, kSsdPerCard);
   auto rate = [&links](engine::Link l) { return links.links[static_cast<int>(l)].bandwidth; };
   const double bw_h2d = rate(engine::Link::h2d), bw_d2h = rate(engine::Link::d2h),
-               bw_ssd = rate(engine::Link::s2h);
+               bw_ssd = rate(engine::Link::s2h), bw_ssd_write = rate(engine::Link::h2s);
   for (std::uint32_t k : recompute_choices(s)) {
     TrainScenario x = s;
     x.train.recompute = false;
@@ -764,20 +774,36 @@ BoundEval bound_of(const TrainScenario& base, const workload::ModelShape& m) {
       most = std::max(most, double(w.tables->need[j]));
     }
     if (most_op > H || F > H + D + double(kSsdPerCard)) continue;
-    double ideal = 0, compute = 0, optimizer_device = 0, host_adam = 0;
-    for (const trace::Op& op : w.t.ops) {
-      if (op.iteration != last) continue;
-      const double t = device_op_s(s.hw, op);
-      compute += t;
-      if (!op.name.ends_with(".recompute")) ideal += t;
-      if (op.phase == trace::Phase::optimizer) {
-        optimizer_device += t;
-        host_adam += host_op_s(s.hw, op);
-      }
+    // The steady iteration's steps (what the simulated step time spans).
+    std::size_t span_begin = w.steps.size(), span_end = 0;
+    for (std::size_t j = 0; j < w.steps.size(); ++j) {
+      if (w.t.ops[w.steps[j].op].iteration != last) continue;
+      span_begin = std::min(span_begin, j);
+      span_end = j + 1;
     }
-    const double ssd = std::max(0.0, F - H - D);
-    for (bool host : placement_choices(s)) {
+    if (span_end == 0) continue;
+    double ideal = 0;
+    for (const trace::Op& op : w.t.ops)
+      if (op.iteration == last && !op.name.ends_with(".recompute")) ideal += device_op_s(s.hw, op);
+    const double ssd_footprint = std::max(0.0, F - H - D);
+    for (bool host : {false, true}) {  // whatever a policy may choose
       if (!host && most_optimizer_op > H) continue;
+      const TrafficBound tb = traffic_bound({w.t, w.steps, span_begin, span_end, host,
+                                             static_cast<std::uint64_t>(H),
+                                             static_cast<std::uint64_t>(D)});
+      // Compute as the step driver runs it: steps that only create tensors
+      // are free, optimizer steps run on the host with a host optimizer,
+      // each op's time rounded to the driver's whole nanoseconds.
+      double compute = 0, host_adam = 0;
+      auto as_driven = [](double t) { return double(std::llround(t * 1e9)) * 1e-9; };
+      for (std::size_t j = span_begin; j < span_end; ++j) {
+        if (tb.creates_only[j - span_begin]) continue;
+        const trace::Op& op = w.t.ops[w.steps[j].op];
+        if (host && op.phase == trace::Phase::optimizer)
+          host_adam += as_driven(host_op_s(s.hw, op));
+        else
+          compute += as_driven(device_op_s(s.hw, op));
+      }
       BoundShape b;
       b.params = workload::analytic::param_count(m);
       b.model = m.name;
@@ -785,23 +811,27 @@ BoundEval bound_of(const TrainScenario& base, const workload::ModelShape& m) {
       b.optimizer_on_host = host;
       b.ideal_s = ideal;
       b.footprint = w.tables->footprint;
+      b.compute_s = compute;
+      b.host_adam_s = host_adam;
       double h2d = 0, d2h = 0;
       if (host) {
         const double e = std::max(0.0, F - O - H);
         h2d = std::max(G * e - std::min(e, W), W);
         d2h = W;
-        b.compute_s = compute - optimizer_device;
-        b.host_adam_s = host_adam;
       } else {
         const double e = std::max(0.0, F - H);
         h2d = std::min(e, O) + std::max(0.0, G * std::max(0.0, e - O) - std::min(e, W));
         d2h = std::min(e, O);
-        b.compute_s = compute;
       }
+      h2d = std::max(h2d, double(tb.h2d));
+      d2h = std::max(d2h, double(tb.d2h));
+      const double ssd = std::max(ssd_footprint, double(tb.ssd_read));
+      b.ssd_write = tb.ssd_write;
       b.h2d = static_cast<std::uint64_t>(h2d);
       b.d2h = static_cast<std::uint64_t>(d2h);
       b.ssd = static_cast<std::uint64_t>(ssd);
-      const double th2d = h2d / bw_h2d, td2h = d2h / bw_d2h, tssd = ssd / bw_ssd;
+      const double th2d = h2d / bw_h2d, td2h = d2h / bw_d2h,
+                   tssd = ssd / bw_ssd + double(tb.ssd_write) / bw_ssd_write;
       const double over = std::max({b.compute_s, b.host_adam_s, th2d, td2h, tssd});
       const double serial = b.compute_s + b.host_adam_s + th2d + td2h + tssd;
       struct Term {
@@ -867,6 +897,11 @@ BoundShape largest_passing(const Pass& pass, double resolution) {
 }
 
 }  // namespace
+
+BoundShape bound_at(const TrainScenario& s) {
+  const BoundEval e = bound_of(s, s.shape);
+  return e.feasible ? e.over : BoundShape{};
+}
 
 PhysicalBound physical_bound(const TrainScenario& base, double max_loss) {
   PhysicalBound out;

@@ -177,7 +177,8 @@ struct BoundShape {
   bool optimizer_on_host = false;
   double ideal_s = 0, compute_s = 0;  // ideal step; with recompute
   std::uint64_t footprint = 0;        // per card, at that recompute depth
-  std::uint64_t h2d = 0, d2h = 0, ssd = 0;  // unavoidable bytes per step, per card
+  std::uint64_t h2d = 0, d2h = 0, ssd = 0;  // unavoidable bytes per step, per card (ssd: reads)
+  std::uint64_t ssd_write = 0;
   double host_adam_s = 0;
   std::string binding;             // what the next shape exceeds
 };
@@ -186,6 +187,10 @@ struct PhysicalBound {
   BoundShape serial;      // transfers add to the step
 };
 PhysicalBound physical_bound(const TrainScenario& base, double max_loss);
+// The overlapped bound at the scenario's own shape: the least loss any
+// schedule can have there (params 0: no recompute depth and placement of
+// the search can run it).
+BoundShape bound_at(const TrainScenario& s);
 
 // For each policy, walks the family upward, then bisects between the last
 // shape within the bound and the first beyond it over llama_ladder until
