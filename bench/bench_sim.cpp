@@ -31,7 +31,7 @@ void BM_TrainSim(benchmark::State& state, const char* model, const char* policy)
 }
 BENCHMARK_CAPTURE(BM_TrainSim, llama2_13b_u3m, "llama2-13b", "u3m")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_TrainSim, llama2_13b_lru, "llama2-13b", "lru")->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_TrainSim, llama3_8b_oracle, "llama3-8b", "oracle")
+BENCHMARK_CAPTURE(BM_TrainSim, llama3_8b_belady, "llama3-8b", "belady")
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

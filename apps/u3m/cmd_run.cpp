@@ -322,7 +322,7 @@ void add_run_commands(CLI::App& app) {
                  "lookahead policy: ops ahead whose tensors are prefetched (0 = none)")
       ->capture_default_str();
   rp->add_flag("--host-optimizer", a->opt.host_optimizer,
-               "u3m and oracle policies: run optimizer steps on the host tier");
+               "u3m and belady policies: run optimizer steps on the host tier");
   rp->add_option("--pool-config", a->pool_config,
                  "Device pool configuration, key:value,... (PyTorch's PYTORCH_CUDA_ALLOC_CONF "
                  "style; keys as in docs/memory.md), e.g. expandable_segments:false");

@@ -18,33 +18,32 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.hpp"
-#include "u3m/config/run_config.hpp"
-#include "u3m/experiments/train_json.hpp"
-#include "u3m/sim/sim_transport.hpp"
-#include "u3m/util/version.hpp"
 #include "commands.hpp"
 #include "run_watch.hpp"
+#include "u3m/config/run_config.hpp"
 #include "u3m/experiments/train.hpp"
+#include "u3m/experiments/train_json.hpp"
 #include "u3m/experiments/validate.hpp"
 #include "u3m/sim/calibrate.hpp"
 #include "u3m/sim/profile_json.hpp"
+#include "u3m/sim/sim_transport.hpp"
 #include "u3m/util/error.hpp"
+#include "u3m/util/version.hpp"
 #include "u3m/workload/shape.hpp"
 
 namespace u3m::cli {
 namespace {
 
-
 struct TrainArgs {
   std::string model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
-  std::string policies = "hbm-only,static-offload,lru,u3m,oracle";
+  std::string policies = "hbm-only,static-offload,lru,u3m,belady";
   std::uint32_t cards = 4, steps = 3;
   workload::TrainConfig train;
   double max_loss = 0.05;
-  double resolution = 0.02;          // capacity: bisect to this relative gap
-  std::string full_ft = "1,8,16";    // capacity: full fine-tuning depths also swept
-  std::string fail_card;  // "K@STEP"
-  bool fail_card_given = false;  // an empty --fail-card is an error, not "no failure"
+  double resolution = 0.02;        // capacity: bisect to this relative gap
+  std::string full_ft = "1,8,16";  // capacity: full fine-tuning depths also swept
+  std::string fail_card;           // "K@STEP"
+  bool fail_card_given = false;    // an empty --fail-card is an error, not "no failure"
   // "separate" | "symmetric"; empty: the command's default (separate for
   // sim, symmetric for capacity, which runs hundreds of simulations).
   std::string card_model;
@@ -53,9 +52,9 @@ struct TrainArgs {
   double recalibrate_period_s = 0;
   std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
-  std::string config;    // --config FILE
-  std::string timeline;  // --timeline OUT.json (train sim)
-  bool diagnose = false;  // --diagnose (train sim)
+  std::string config;          // --config FILE
+  std::string timeline;        // --timeline OUT.json (train sim)
+  bool diagnose = false;       // --diagnose (train sim)
   nlohmann::json config_used;  // what the run used, in the config's shape (docs/config.md)
 };
 
@@ -112,7 +111,8 @@ void run_failover(const TrainArgs& a, const experiments::TrainScenario& s) {
   const auto f = experiments::CardFailure::parse(a.fail_card, s.cards, "--fail-card");
   const experiments::FailoverResult r = experiments::simulate_failover(s, f);
   if (a.json) {
-    nlohmann::json j = {{"scenario", experiments::train_scenario_json(s)}, {"profile", sim::profile_json(s.hw)}};
+    nlohmann::json j = {{"scenario", experiments::train_scenario_json(s)},
+                        {"profile", sim::profile_json(s.hw)}};
     j["scenario"]["policy"] = s.policy;
     j["scenario"]["fail_card"] = {{"card", f.card}, {"step", f.step}};
     j["failover"] = {{"neighbour", r.neighbour},
@@ -252,8 +252,7 @@ std::vector<std::uint32_t> parse_depths(const std::string& text) {
     std::uint32_t v = 0;
     auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
     if (part.empty() || ec != std::errc{} || end != part.data() + part.size() || v == 0)
-      input_error("--full-ft", "'{}': expected grad-accum depths >= 1, e.g. 1,8,16, or none",
-                  text);
+      input_error("--full-ft", "'{}': expected grad-accum depths >= 1, e.g. 1,8,16, or none", text);
     out.push_back(v);
     at = comma + 1;
   }
@@ -271,13 +270,18 @@ std::string bound_text(const experiments::BoundShape& b) {
 }
 
 nlohmann::json bound_json(const experiments::BoundShape& b) {
-  return {{"params", b.params},         {"model", b.model},
-          {"loss", b.loss},             {"recompute_layers", b.recompute_layers},
+  return {{"params", b.params},
+          {"model", b.model},
+          {"loss", b.loss},
+          {"recompute_layers", b.recompute_layers},
           {"optimizer_on_host", b.optimizer_on_host},
-          {"ideal_step_s", b.ideal_s},  {"compute_s", b.compute_s},
+          {"ideal_step_s", b.ideal_s},
+          {"compute_s", b.compute_s},
           {"footprint_bytes", b.footprint},
-          {"h2d_bytes", b.h2d},         {"d2h_bytes", b.d2h},
-          {"ssd_bytes", b.ssd},         {"ssd_write_bytes", b.ssd_write},
+          {"h2d_bytes", b.h2d},
+          {"d2h_bytes", b.d2h},
+          {"ssd_bytes", b.ssd},
+          {"ssd_write_bytes", b.ssd_write},
           {"host_adam_s", b.host_adam_s},
           {"binding", b.binding}};
 }
@@ -342,11 +346,16 @@ void print_sweep(const CapacitySweep& w, double max_loss) {
                r.recompute_layers, r.optimizer_on_host ? "host" : "device",
                r.device_home ? "device" : "seed");
   }
-  fmt::print("  physical bound (no schedule does better, Note [Physical bound]): {}\n",
+  fmt::print("  physical bound, the oracle (no schedule does better, Note [Physical bound]): {}\n",
              bound_text(w.bound.overlapped));
-  if (w.base_params && w.bound.overlapped.params)
-    fmt::print("    = {:.2f}x hbm-only\n",
-               double(w.bound.overlapped.params) / double(w.base_params));
+  if (w.base_params && w.bound.overlapped.params) {
+    const auto best =
+        std::max_element(w.rows.begin(), w.rows.end(),
+                         [](const auto& x, const auto& y) { return x.max_params < y.max_params; });
+    fmt::print("    = {:.2f}x hbm-only; the best policy here, {}, reaches {:.0f}% of it\n",
+               double(w.bound.overlapped.params) / double(w.base_params), best->policy,
+               100 * double(best->max_params) / double(w.bound.overlapped.params));
+  }
   fmt::print("  serial yardstick (every transfer added to the step): {}\n",
              bound_text(w.bound.serial));
   // What limits the larger shapes: the smallest failing shape each policy tried.
@@ -358,9 +367,10 @@ void print_sweep(const CapacitySweep& w, double max_loss) {
     if (!first) continue;
     const auto& t = *first;
     fmt::print("    {:<15} {:.2f}B params: {}\n", r.policy, double(t.params) / 1e9,
-               t.fits ? fmt::format("loss {:.1f}% (step {:.3f} s vs {:.3f} s ideal, stall {:.3f} s)",
-                                    100 * t.loss, t.step_s, t.ideal_step_s, t.stall_s)
-                      : t.why.substr(0, 110));
+               t.fits
+                   ? fmt::format("loss {:.1f}% (step {:.3f} s vs {:.3f} s ideal, stall {:.3f} s)",
+                                 100 * t.loss, t.step_s, t.ideal_step_s, t.stall_s)
+                   : t.why.substr(0, 110));
   }
 }
 
@@ -633,8 +643,7 @@ void add_train_commands(CLI::App& app) {
          "--model", a->model,
          "llama2-13b, llama3-8b, tiny, tiny-mha, or a family shape (llama-1b .. llama-70b)")
       ->capture_default_str();
-  sim->add_option("--policy", a->policy, policy::tiering_policy_choices())
-      ->capture_default_str();
+  sim->add_option("--policy", a->policy, policy::tiering_policy_choices())->capture_default_str();
   sim->add_option("--timeline", a->timeline,
                   "Write the reported run (the settings chosen) as Chrome trace / Perfetto JSON "
                   "on virtual time: ops, stalls, transfers per link, tier occupancy "

@@ -14,7 +14,7 @@ std::unique_ptr<TieringPolicy> make_zero_offload(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lru(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_u3m(const PolicyInputs& in);
-std::unique_ptr<TieringPolicy> make_oracle(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_belady(const PolicyInputs& in);
 
 // The design's seed placement (PlacementRules::named("design-seed")).
 const PlacementRules& seed_rules();
@@ -27,7 +27,7 @@ Tier tiered_home(const trace::Tensor& x, bool device_home, bool host_optimizer);
 
 // Note [Layer-ahead streaming] in u3m.cpp: by step, the next ZeRO-3 gather
 // step (SIZE_MAX: none); and at a gather step, the prefetch of the weight
-// shards the next gather reads. u3m and the oracle both stream.
+// shards the next gather reads. u3m and belady both stream.
 std::vector<std::size_t> next_gathers(const trace::Trace& t, const std::vector<Step>& steps);
 void stream_layer_ahead(std::size_t step, const std::vector<std::size_t>& next, StepContext& ctx);
 

@@ -66,10 +66,10 @@ const std::vector<PolicyInfo>& tiering_policies() {
        "seed placement, victims by heat, prefetch of the predictor's window, recalibrated "
        "thresholds, optimizer where it is faster",
        make_u3m, true, true, true},
-      {"oracle",
+      {"belady",
        "Belady victims, a perfect 8-op lookahead and layer-ahead weight streaming from the whole "
        "trace (not a proven bound: the physical bound of train capacity is)",
-       make_oracle, true, true, true},
+       make_belady, true, true, true},
   };
   return all;
 }

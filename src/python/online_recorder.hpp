@@ -28,7 +28,7 @@ namespace u3m::python {
 // The policy's trace is the last complete step repeated (`repeats`
 // iterations), one op per access: a training step repeats, so this is what
 // the next steps will do as far as anything can know. Policies that read the
-// future (lookahead, oracle) read it from there; the u3m policy's predictor
+// future (lookahead, belady) read it from there; the u3m policy's predictor
 // sees each step's events only when the driver reaches it
 // (Note [Predictor contract]), so its decisions use what happened.
 class OnlineRecorder {

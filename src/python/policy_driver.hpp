@@ -19,7 +19,7 @@ namespace u3m::python {
 struct PolicyDriverOptions {
   std::string policy = "u3m";  // a tiering_policies() name
   unsigned lookahead = 4;      // the lookahead policy's ops ahead (PolicyInputs::lookahead)
-  bool host_optimizer = false;  // u3m and oracle: optimizer accesses on the host tier
+  bool host_optimizer = false;  // u3m and belady: optimizer accesses on the host tier
   unsigned repeats = 0;         // iterations of the policy's trace; 0 = Note [Policy on a real run]
   bool record = true;           // false: no recorder and no policy (engine LRU), for benchmarks
   bool has_ssd = false;         // the engine has an SSD tier (u3m demotes DRAM to it)

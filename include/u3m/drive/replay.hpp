@@ -39,7 +39,7 @@ struct ReplayOptions {
   // `lookahead` ops ahead (0 = none).
   std::string policy = "lookahead";
   unsigned lookahead = 4;
-  bool host_optimizer = false;  // u3m and oracle: optimizer steps on the host tier
+  bool host_optimizer = false;  // u3m and belady: optimizer steps on the host tier
   policy::U3mPolicyOptions u3m{};
   // Appends what the replay asks of the engine (Note [Driver calls] in
   // policy/tiering.hpp); null = nothing recorded.

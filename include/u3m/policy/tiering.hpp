@@ -113,14 +113,14 @@ struct U3mPolicyOptions {
 struct PolicyInputs {
   const trace::Trace& trace;
   const std::vector<Step>& steps;  // engine::build_steps(trace)
-  // u3m and oracle: run the optimizer step on the host (the caller tries
+  // u3m and belady: run the optimizer step on the host (the caller tries
   // both: Note [Optimizer placement] in experiments/train.cpp).
   bool host_optimizer = false;
   // The card's links as the policy plans with them (its backlog view).
   mem::LinkModel h2d, s2h;
   bool has_ssd = false;
   unsigned lookahead = 4;  // the lookahead policy's ops ahead
-  // lru, u3m and oracle: create loaded state on the device (as hbm-only
+  // lru, u3m and belady: create loaded state on the device (as hbm-only
   // does; what does not fit spills by the policy's victim order) instead of
   // the seed rules' tiers; optimizer state a host optimizer works on stays
   // in DRAM. The training experiments' settings search tries both.

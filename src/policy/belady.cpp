@@ -1,5 +1,7 @@
-// oracle: as u3m's placement, but victims by Belady (the farthest next use,
-// from the whole trace) and a perfect lookahead of 8 ops: the upper bound.
+// belady: as u3m's placement, but victims by Belady (the farthest next use,
+// from the whole trace) and a perfect lookahead of 8 ops. Clairvoyant, yet
+// not a bound: heat can beat Belady's victims when links, not misses, bind
+// (the physical bound of train capacity is the bound, Note [Physical bound]).
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -9,21 +11,21 @@
 namespace u3m::policy {
 namespace {
 
-// Note [Oracle scores]
+// Note [Belady scores]
 // Belady evicts the copy whose next use is farthest. -(index of the next use
 // after the current step) orders copies so at every step, and changes only
 // when the tensor is used: set when it is registered, then published at
 // each step that uses it (Note [Published victim scores] in engine.hpp).
 // Never used again: -inf, evicted first.
-class Oracle final : public TieringPolicy {
+class Belady final : public TieringPolicy {
  public:
-  explicit Oracle(const PolicyInputs& in)
+  explicit Belady(const PolicyInputs& in)
       : host_optimizer_(in.host_optimizer), device_home_(in.device_home),
         uses_(in.trace.tensors.size()), next_gather_(next_gathers(in.trace, in.steps)) {
     for (std::size_t j = 0; j < in.steps.size(); ++j)
       for (const Touch& t : in.steps[j].touches) uses_[t.tensor].push_back(j);
   }
-  std::string_view name() const override { return "oracle"; }
+  std::string_view name() const override { return "belady"; }
   engine::Engine::VictimOrder victim_order() const override {
     return engine::Engine::VictimOrder::scores;
   }
@@ -63,8 +65,8 @@ class Oracle final : public TieringPolicy {
 
 }  // namespace
 
-std::unique_ptr<TieringPolicy> make_oracle(const PolicyInputs& in) {
-  return std::make_unique<Oracle>(in);
+std::unique_ptr<TieringPolicy> make_belady(const PolicyInputs& in) {
+  return std::make_unique<Belady>(in);
 }
 
 }  // namespace u3m::policy
