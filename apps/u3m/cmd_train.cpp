@@ -49,6 +49,7 @@ struct TrainArgs {
   std::string card_model;
   bool recalibrate = true;
   bool stream_ahead = true;
+  bool demote_device = false;
   double recalibrate_period_s = 0;
   std::string prefetch = "fixed";  // "fixed" | "link"
   bool json = false;
@@ -80,6 +81,7 @@ experiments::TrainScenario scenario(const TrainArgs& a, const char* default_card
   s.policy = a.policy;
   s.u3m.recalibrate = a.recalibrate;
   s.u3m.stream_layer_ahead = a.stream_ahead;
+  s.u3m.demote_device = a.demote_device;
   s.u3m.recalibrate_period_s = a.recalibrate_period_s;
   if (a.prefetch != "fixed" && a.prefetch != "link")
     input_error("--prefetch", "expected fixed or link, got '{}'", a.prefetch);
@@ -612,6 +614,10 @@ void add_scenario_options(CLI::App* c, TrainArgs& a) {
   c->add_option("--recalibrate", a.recalibrate,
                 "u3m policy: recalibrate the heat thresholds during the run and demote cold "
                 "copies (docs/policy.md)")
+      ->capture_default_str();
+  c->add_option("--demote-device", a.demote_device,
+                "u3m policy: at each recalibration also demote device copies colder than the "
+                "device threshold (off: they moved bytes that came back, docs/policy.md)")
       ->capture_default_str();
   c->add_option("--stream-ahead", a.stream_ahead,
                 "u3m policy: at each ZeRO-3 gather, prefetch the next gather's weight shards "

@@ -24,6 +24,7 @@ nlohmann::json train_scenario_json(const TrainScenario& s) {
           {"u3m_policy",
            {{"recalibrate", s.u3m.recalibrate},
             {"recalibrate_period_s", s.u3m.recalibrate_period_s},
+            {"demote_device", s.u3m.demote_device},
             {"prefetch", s.u3m.jit_prefetch ? "link" : "fixed"},
             {"stream_layer_ahead", s.u3m.stream_layer_ahead}}},
           {"zero3", s.cards > 1},

@@ -41,7 +41,12 @@ namespace {
 // first iteration by default: the design's 30 s assumes hour-long jobs, and a
 // simulated run is 3 steps of 0.2-80 s each, so a fixed 30 s would never
 // fire in most runs. Tensors leased, moving or in the window are never
-// demoted.
+// demoted. Device copies are demoted only with
+// U3mPolicyOptions::demote_device: the engine already evicts by heat above
+// its watermark, and the sweep's demotions only moved bytes that came back
+// (a run started on the device lost 8.2% at llama-L43-d4480, grad-accum 8,
+// with them, 3.7% without; demoting only above the engine's low watermark
+// lost 8.2% too). The device threshold `hot` still moves with the band.
 //
 // Prefetch, with U3mPolicyOptions::jit_prefetch (Note [Just-in-time
 // prefetch] in policy/prefetch.hpp): what enters the predictor's window
@@ -153,7 +158,12 @@ class U3mPolicy final : public TieringPolicy {
 };
 
 U3mPolicy::U3mPolicy(const PolicyInputs& in)
-    : host_optimizer(in.host_optimizer), device_home(in.device_home), opt(in.u3m), has_ssd(in.has_ssd), h2d(in.h2d), s2h(in.s2h) {
+    : host_optimizer(in.host_optimizer),
+      device_home(in.device_home),
+      opt(in.u3m),
+      has_ssd(in.has_ssd),
+      h2d(in.h2d),
+      s2h(in.s2h) {
   const trace::Trace& t = in.trace;
   auto log = in.window_log ? in.window_log : make_window_log(t);
   if (&log->feed().trace() != &t)
@@ -167,10 +177,12 @@ U3mPolicy::U3mPolicy(const PolicyInputs& in)
     const trace::Tensor& x = t.tensors[i];
     heat.set_tensor(i, x.bytes);
     if (holds_host_state(x) || !(in.h2d.bandwidth > 0)) continue;
-    const Tier from =
-        has_ssd && in.s2h.bandwidth > 0 ? seed_rules().home(x.role, x.layer, trace::kNoLayer) : Tier::host;
-    max_fetch_s = std::max(max_fetch_s, fetch_seconds(x.bytes, from == Tier::device ? Tier::host : from,
-                                                      h2d.link(), s2h.link()));
+    const Tier from = has_ssd && in.s2h.bandwidth > 0
+                          ? seed_rules().home(x.role, x.layer, trace::kNoLayer)
+                          : Tier::host;
+    max_fetch_s = std::max(
+        max_fetch_s,
+        fetch_seconds(x.bytes, from == Tier::device ? Tier::host : from, h2d.link(), s2h.link()));
   }
 }
 
@@ -280,8 +292,7 @@ void U3mPolicy::end_of_first_iteration(StepContext& ctx) {
     if (!r || !(r->valid[0] || r->valid[1] || r->valid[2])) continue;  // holds no data
     samples.push_back({heat.heat(i, now_ns), ctx.trace().tensors[i].bytes});
   }
-  th = calibrate(std::move(samples), eng.config().device.capacity,
-                         eng.config().host.capacity);
+  th = calibrate(std::move(samples), eng.config().device.capacity, eng.config().host.capacity);
   const double first_s = static_cast<double>(now_ns - start_ns) * 1e-9;
   const double period_s = opt.recalibrate_period_s > 0 ? opt.recalibrate_period_s : first_s / 10;
   rc.period_ns = static_cast<std::uint64_t>(period_s * 1e9);
@@ -313,6 +324,7 @@ void U3mPolicy::recalibrate(StepContext& ctx) {
     const auto r = eng.residency(StepContext::engine_id(i));
     if (!r || r->in_flight || r->readers > 0 || r->writer) continue;
     if (r->valid[static_cast<int>(Tier::device)]) {
+      if (!opt.demote_device) continue;
       ctx.demote(i, Tier::device);
       ++stats_.demotions;
     } else if (has_ssd && r->valid[static_cast<int>(Tier::host)] &&
@@ -324,7 +336,6 @@ void U3mPolicy::recalibrate(StepContext& ctx) {
     }
   }
 }
-
 
 }  // namespace
 

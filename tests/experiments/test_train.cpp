@@ -352,9 +352,11 @@ TEST(TrainCli, U3mPolicyKnobsReachTheScenarioAndBadValuesNameTheFlag) {
   const auto u = nlohmann::json::parse(r.output)["result"]["u3m_policy"];
   ASSERT_TRUE(u.is_object()) << r.output;
   EXPECT_EQ(u["recalibrations"].get<std::uint64_t>(), 0u);
-  auto on =
-      u3m::testing::run_cli("train sim --model llama-1b --card-model symmetric --json", false);
+  auto on = u3m::testing::run_cli(
+      "train sim --model llama-1b --card-model symmetric --demote-device true --json", false);
   ASSERT_EQ(on.status, 0) << on.output;
+  EXPECT_TRUE(nlohmann::json::parse(on.output)["scenario"]["u3m_policy"]["demote_device"]);
+  EXPECT_FALSE(j["demote_device"].get<bool>());  // off by default
   EXPECT_GT(nlohmann::json::parse(on.output)["result"]["u3m_policy"]["recalibrations"]
                 .get<std::uint64_t>(),
             0u);

@@ -91,6 +91,7 @@ TEST(U3mPolicy, RunsSharingAWindowLogDecideAsRunsWithTheirOwn) {
     SCOPED_TRACE(jit ? "jit prefetch" : "fixed window");
     U3mPolicyOptions opt;
     opt.jit_prefetch = jit;
+    opt.demote_device = true;  // so the fixed window's policy acts
     auto same = [](const U3mRun& a, const U3mRun& b) {
       EXPECT_EQ(a.rep.total_ns, b.rep.total_ns);
       EXPECT_EQ(a.rep.stall_ns, b.rep.stall_ns);
@@ -130,6 +131,7 @@ TEST(TieringPolicy, OnlyU3mReportsItsCounters) {
 TEST(U3mPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {
   U3mPolicyOptions on;
   on.jit_prefetch = false;  // the recalibration alone
+  on.demote_device = true;  // and the design's device demotions
   const U3mRun a = run_u3m(on, 0.9, 5e9);
   // A tenth of an iteration per period over the last two iterations: ~20.
   EXPECT_GE(a.stats.recalibrations, 10u);

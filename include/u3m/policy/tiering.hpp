@@ -96,6 +96,11 @@ struct U3mPolicyOptions {
   // first iteration's duration (the design's 30 s is for hour-long jobs; a
   // simulated step is 0.2-80 s and a run is 3 steps).
   double recalibrate_period_s = 0;
+  // Also demote device copies colder than `hot` at each recalibration (the
+  // design's band keeping). Off: in the capacity sweep it only moved bytes
+  // that came back (grad-accum 8 from the device: 8.2% loss against 3.7%
+  // at llama-L43-d4480; docs/policy.md). DRAM-to-SSD demotions stay.
+  bool demote_device = false;
   // true: prefetch just in time for the link (Note [Just-in-time prefetch]
   // in prefetch.hpp); false: prefetch whatever enters a fixed 16-op window.
   // Off by default: on the host-link-bound design scenario it is 1-3% slower
