@@ -153,6 +153,7 @@ void SeqPredictor::start_iteration(Job& jb, std::uint64_t first_sig) {
   jb.ref = w.rec;
   jb.pos = w.pos;
   jb.shape_changed = false;
+  jb.born_of = 0;  // nothing of this iteration is matched yet
   if (jb.ref >= 0) jb.records[jb.ref].used = ++uses_;
 }
 
@@ -195,8 +196,9 @@ void SeqPredictor::begin_step(const Access& a) {
     start_iteration(jb, a.op_sig);
   }
   step_new_iter_ = new_iteration;
-  auto at = static_cast<std::uint32_t>(jb.cur.entries.size());
-  jb.cur.slots.push_back({a.op_sig, at, at});
+  const auto at = static_cast<std::uint32_t>(jb.cur.entries.size());
+  const auto born = static_cast<std::uint32_t>(jb.cur.born.size());
+  jb.cur.slots.push_back({a.op_sig, at, at, born, born});
 }
 
 // Note [Anchoring on tensors]
@@ -340,6 +342,7 @@ void SeqPredictor::observe(const Access& a) {
   if (!open_ || a.step != step_) begin_step(a);
   if (a.tensor >= ts_.size()) ts_.resize(a.tensor + 1);
   TensorState& s = ts_[a.tensor];
+  s.bytes = a.bytes;
   if (a.kind == trace::EventKind::free) {
     s.dead = true;
     leave_group(a.tensor);
@@ -349,7 +352,15 @@ void SeqPredictor::observe(const Access& a) {
     s.dead = false;
     s.reborn = true;
   }
-  if (a.kind == trace::EventKind::alloc) s.alloc_iter = jobs_[a.job].iter_count;
+  if (a.kind == trace::EventKind::alloc) {
+    Record& cur = jobs_[a.job].cur;
+    Slot& sl = cur.slots.back();
+    s.alloc_iter = jobs_[a.job].iter_count;
+    s.alloc_job = a.job;
+    s.birth = {static_cast<std::uint32_t>(cur.slots.size() - 1), sl.born_end - sl.born_begin};
+    cur.born.push_back(a.tensor);
+    ++sl.born_end;
+  }
   join_group(a.tensor, a);
   if (!is_access(a.kind)) return;
   if (s.step_stamp == step_) return;
@@ -369,6 +380,7 @@ void SeqPredictor::step_done() {
   open_ = false;
   Job& jb = jobs_[step_job_];
   match_step(jb);
+  if (step_rec_ >= 0) learn_births(jb);
   if (step_rec_ >= 0 && !jb.shape_changed) {
     // A transient of the recorded step (allocated in the recorded iteration)
     // that this step did not touch, and that has been freed since, has been
@@ -384,13 +396,30 @@ void SeqPredictor::step_done() {
     for (std::uint32_t k = sl.begin; k < sl.end; ++k) {
       const std::uint32_t e = r.entries[k];
       if (e & kGroupBit || ts_[e].alloc_iter != r.iter_count) continue;
+      // What this iteration bore in its place stands in for it, unless it
+      // is of another size and new or this op's own output: a replacement (a
+      // batch that changed, a KV tensor that grew). Where it bore nothing
+      // (fewer births: a shorter loop) nothing was replaced (Note [Named by
+      // birth]).
+      const std::uint32_t now = born_now(jb, r, k);
+      if (now == kNone) continue;
       ++transients;
-      untouched += ts_[e].step_stamp != step_ && ts_[e].dead;
+      const bool renamed = now != kUnborn && now != e;
+      const bool kept = renamed ? ts_[now].step_stamp == step_ &&
+                                      (ts_[now].bytes == ts_[e].bytes ||
+                                       (ts_[now].reborn && r.entry_birth[k].slot != step_pos_))
+                                : ts_[e].step_stamp == step_;
+      untouched += !kept && ts_[e].dead;
     }
     if (untouched > 0 && 2 * untouched >= transients) jb.shape_changed = true;
   }
   Record& rec = jb.cur;
-  for (std::uint32_t t : step_tensors_) rec.entries.push_back(t);
+  for (std::uint32_t t : step_tensors_) {
+    rec.entries.push_back(t);
+    const TensorState& ts = ts_[t];
+    const bool here = ts.alloc_job == step_job_ && ts.alloc_iter == jb.iter_count;
+    rec.entry_birth.push_back(here ? ts.birth : Birth{});
+  }
   for (std::uint32_t gi : step_groups_) {
     Group& g = groups_[gi];
     if (g.touched < p_.min_group) continue;
@@ -404,16 +433,90 @@ void SeqPredictor::step_done() {
     }
     // A group still being discovered (created in this iteration) is not yet
     // known to be whole: touching all of it proves nothing.
-    if (g.touched == g.members.size() && g.born_iter < jobs_[g.job].iter_count)
+    if (g.touched == g.members.size() && g.born_iter < jobs_[g.job].iter_count) {
       rec.entries.push_back(kGroupBit | gi);
+      rec.entry_birth.push_back({});
+    }
   }
   rec.slots.back().end = static_cast<std::uint32_t>(rec.entries.size());
   step_tensors_.clear();
   step_groups_.clear();
 }
 
-void SeqPredictor::emit_slot(const Job& jb, const Record& r, const Slot& s, std::uint32_t ahead,
-                             std::vector<Predicted>& out) {
+// Note [Named by birth]
+// A record names the tensors a slot touched by identity. Where identities
+// are positional (the ET importer names a tensor by the op path and the
+// occurrence that bore it), a loop whose trip count varies renames them: an
+// LSTM over a longer sequence bears more per-time-step activations, and its
+// backward, walking the time steps in reverse, reads at its j-th step what
+// the recorded iteration read at another. Replaying the identities then
+// names the wrong time step's tensors, and the recorded ones that the new
+// iteration never bore looked like a replaced batch (item 7), withholding
+// the rest of the iteration. So a recorded entry that was born in the
+// recorded iteration is also kept as where it was born: the slot and its
+// rank among that slot's allocations. Once this iteration has run the slot
+// that matched that birth slot, the entry names what this iteration bore
+// there, at the recorded rank plus a shift: the shift is learned per birth
+// slot from the steps since (an op that read rank q in the record and reads
+// rank q' now: q' - q), 0 until one is seen. With stable names that is the
+// recorded tensor itself, so nothing changes; where names moved it is the
+// tensor the op will read. Optimizer state the recorded iteration created
+// and that lives on keeps its identity. One of another size that is new, or
+// the op's own output, stands for a replacement (a batch that changed, a KV
+// tensor that grew), not a renaming: item 7 still applies. Where the slot
+// bore fewer (a shorter loop), nothing was replaced.
+// Slots past the iteration in progress keep their identities: their births
+// have not happened.
+void SeqPredictor::learn_births(Job& jb) {
+  const Record& r = jb.records[step_rec_];
+  if (r.version != jb.born_of) {  // a record newly followed: nothing matched in it yet
+    jb.born_of = r.version;
+    jb.matched_at.assign(r.slots.size(), UINT32_MAX);
+    jb.shift.assign(r.slots.size(), 0);
+    ++jb.shift_epoch;
+  }
+  // Only the same op bears the same tensors: a slot matched by its tensors
+  // (another op) names nothing by birth.
+  const Slot& sl = r.slots[step_pos_];
+  if (sl.sig != step_sig_) return;
+  jb.matched_at[step_pos_] = static_cast<std::uint32_t>(jb.cur.slots.size() - 1);
+  // The same op: its tensors come in the recorded order (first touch).
+  const std::size_t n = std::min<std::size_t>(sl.end - sl.begin, step_tensors_.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t k = sl.begin + static_cast<std::uint32_t>(i);
+    if (r.entries[k] & kGroupBit) break;
+    const Birth b = r.entry_birth[k];
+    if (b.slot == UINT32_MAX || jb.matched_at[b.slot] == UINT32_MAX) continue;
+    const TensorState& ts = ts_[step_tensors_[i]];
+    if (ts.alloc_job != step_job_ || ts.alloc_iter != jb.iter_count ||
+        ts.birth.slot != jb.matched_at[b.slot])
+      continue;
+    const auto d = static_cast<std::int32_t>(ts.birth.rank) - static_cast<std::int32_t>(b.rank);
+    if (jb.shift[b.slot] != d) {
+      jb.shift[b.slot] = d;
+      ++jb.shift_epoch;
+    }
+  }
+}
+
+std::uint32_t SeqPredictor::born_now(const Job& jb, const Record& r, std::uint32_t k) const {
+  if (r.version != jb.born_of) return kUnborn;
+  const Birth b = r.entry_birth[k];
+  if (b.slot == UINT32_MAX) return kUnborn;
+  // Born in the recorded iteration and alive since (optimizer state that
+  // iteration created): the tensor itself, not what this one bore there.
+  const TensorState& e = ts_[r.entries[k]];
+  if (!e.dead && e.alloc_iter == r.iter_count) return kUnborn;
+  const std::uint32_t at = jb.matched_at[b.slot];
+  if (at == UINT32_MAX) return kUnborn;
+  const Slot& s = jb.cur.slots[at];
+  const std::int64_t q = std::int64_t(b.rank) + jb.shift[b.slot];
+  if (q < 0 || q >= std::int64_t(s.born_end - s.born_begin)) return kNone;
+  return jb.cur.born[s.born_begin + static_cast<std::uint32_t>(q)];
+}
+
+void SeqPredictor::emit_slot(const Job& jb, const Record& r, const Slot& s, bool now,
+                             std::uint32_t ahead, std::vector<Predicted>& out) {
   auto put = [&](std::uint32_t t) {
     if (out_stamp_[t] == out_stamp_now_) return;
     out_stamp_[t] = out_stamp_now_;
@@ -422,6 +525,14 @@ void SeqPredictor::emit_slot(const Job& jb, const Record& r, const Slot& s, std:
   for (std::uint32_t k = s.begin; k < s.end; ++k) {
     std::uint32_t e = r.entries[k];
     if (!(e & kGroupBit)) {
+      if (now) {  // born where this iteration has been: what it bore there
+        const std::uint32_t b = born_now(jb, r, k);
+        if (b == kNone) continue;
+        if (b != kUnborn) {
+          put(b);
+          continue;
+        }
+      }
       // A freed tensor comes back if it has come back before, or if it was
       // born in the recorded iteration (training activations), not if it
       // outlived it (a finished request's KV blocks).
@@ -445,13 +556,13 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
   cursors_.resize(jobs_.size());
   for (std::size_t j = 0; j < jobs_.size(); ++j) {
     const Job& jb = jobs_[j];
-    cursors_[j] = {lost(jb) ? -1 : jb.ref, jb.pos, -1, false};
+    cursors_[j] = {lost(jb) ? -1 : jb.ref, jb.pos, -1, false, false};
     // Lost in an iteration that another job's run interrupted: if the job's
     // runs begin iterations, its next run begins the next one, which the
     // records tell; where it got lost does not matter.
     if (lost(jb) && j != run_job_ && jb.last_aligned && jb.started)
       if (const Where w = find_record(jb, jb.cur.first_sig); w.rec >= 0)
-        cursors_[j] = {w.rec, static_cast<std::uint32_t>(jb.records[w.rec].slots.size()), -1,
+        cursors_[j] = {w.rec, static_cast<std::uint32_t>(jb.records[w.rec].slots.size()), -1, false,
                        false};
   }
 
@@ -492,7 +603,7 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
     for (; i < rs.ops && ahead < horizon; ++i, ++ahead) {
       Cursor& c = cursors_[j];
       if (c.rec == -1) continue;  // nothing recorded (or lost) for this job
-      if (c.rec == kCurrent && c.pos >= jb.cur.slots.size()) c = {c.then, c.pos, -1, true};
+      if (c.rec == kCurrent && c.pos >= jb.cur.slots.size()) c = {c.then, c.pos, -1, true, true};
       const Record* r = c.rec == kCurrent ? &jb.cur : &jb.records[c.rec];
       if (c.pos >= r->slots.size()) {                   // into the job's next iteration
         if (rs.wraps >= 0 && wraps >= rs.wraps) break;  // the run ends with the iteration
@@ -507,12 +618,12 @@ void SeqPredictor::walk(std::uint32_t horizon, Visit&& visit) {
         // executed in this iteration is fresher than the record.
         if (!c.fresh_used && nx.pos == 0 && !jb.cur.slots.empty() &&
             jb.records[nx.rec].first_sig == jb.cur.first_sig)
-          c = {kCurrent, 0, nx.rec, true};
+          c = {kCurrent, 0, nx.rec, true, true};
         else
-          c = {nx.rec, nx.pos, -1, c.fresh_used};
+          c = {nx.rec, nx.pos, -1, c.fresh_used, true};
         r = c.rec == kCurrent ? &jb.cur : &jb.records[c.rec];
       }
-      visit(ahead, jb, *r, c.pos++);
+      visit(ahead, jb, *r, c.pos++, !c.wrapped);
     }
     empty_runs = i == 0 ? empty_runs + 1 : 0;
     start = ahead;
@@ -532,9 +643,8 @@ void SeqPredictor::new_stamp() {
 void SeqPredictor::predict(std::uint32_t horizon, std::vector<Predicted>& out) {
   out.clear();
   new_stamp();
-  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
-    emit_slot(jb, r, r.slots[pos], ahead, out);
-  });
+  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos,
+                    bool now) { emit_slot(jb, r, r.slots[pos], now, ahead, out); });
 }
 
 // Note [Incremental window]
@@ -600,16 +710,19 @@ void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predi
     if (!r) return;
     new_stamp();
     scratch_.clear();
-    emit_slot(*jb, *r, r->slots[key.pos], a, scratch_);
+    emit_slot(*jb, *r, r->slots[key.pos], key.shifts != 0, a, scratch_);
     for (const Predicted& p : scratch_) {
       w.tensors.push_back(p.tensor);
       if (win_cnt_[p.tensor]++ == 0 && win_left_[p.tensor] != win_call_) entered.push_back(p);
     }
   };
-  walk(horizon, [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos) {
-    while (expect < ahead) settle(expect, WinKey{}, nullptr, nullptr);  // nothing lands there
-    settle(ahead, {r.version, pos, jb.shape_changed && &r != &jb.cur}, &jb, &r);
-  });
+  walk(horizon,
+       [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos, bool now) {
+         while (expect < ahead) settle(expect, WinKey{}, nullptr, nullptr);  // nothing lands there
+         // A slot named by birth is named anew when the shifts change.
+         const std::uint64_t shifts = now ? jb.shift_epoch + 1 : 0;
+         settle(ahead, {r.version, pos, jb.shape_changed && &r != &jb.cur, shifts}, &jb, &r);
+       });
   while (expect < horizon) settle(expect, WinKey{}, nullptr, nullptr);
   for (std::uint32_t t : win_zero_)  // fell to 0 and stayed there
     if (win_cnt_[t] == 0 && win_left_[t] == win_call_) {

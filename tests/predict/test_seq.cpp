@@ -74,29 +74,67 @@ TEST(SeqPredictor, UnseenKindOfIterationPredictsNothingRatherThanGarbage) {
 
 TEST(SeqPredictor, ReplacedTransientsAreWithheld) {
   // Each iteration: P allocates and writes an activation, Q reads it, R reads
-  // a weight. Iteration 2's P allocates a different activation (its batch
-  // changed): the recorded one is no longer predicted for Q.
+  // a weight, S allocates a second activation that U reads. Iteration 2's P
+  // allocates a different activation (its batch changed, so another size):
+  // the recorded ones are no longer predicted, neither the one Q would read
+  // (Q reads what P bore in its place, Note [Named by birth]) nor the one S
+  // has yet to replace.
   TraceMaker m;
-  std::uint32_t w = m.tensor("w", 8), t1 = m.tensor("act", 100), t2 = m.tensor("act", 60);
-  auto iteration = [&](std::uint32_t it, std::uint32_t act) {
+  std::uint32_t w = m.tensor("w", 8), t1 = m.tensor("act", 100), t2 = m.tensor("act", 60),
+                u1 = m.tensor("act2", 50), u2 = m.tensor("act2", 30);
+  auto iteration = [&](std::uint32_t it, std::uint32_t act, std::uint32_t act2) {
     m.op("P", OpClass::matmul, it, {act}, 0, EventKind::alloc);
     also(m, act, EventKind::write);
     m.op("Q", OpClass::matmul, it, {act});
     also(m, act, EventKind::free);
     m.op("R", OpClass::matmul, it, {w});
+    m.op("S", OpClass::matmul, it, {act2}, 0, EventKind::alloc);
+    also(m, act2, EventKind::write);
+    m.op("U", OpClass::matmul, it, {act2});
+    also(m, act2, EventKind::free);
   };
-  iteration(0, t1);
-  iteration(1, t1);
-  iteration(2, t2);
+  iteration(0, t1, u1);
+  iteration(1, t1, u1);
+  iteration(2, t2, u2);
   TraceFeed feed(m.t);
   SeqPredictor p;
   std::vector<Predicted> out;
-  feed.feed(p, 0, 4);  // iteration 0 and iteration 1's P (same activation)
-  p.predict(1, out);
-  EXPECT_EQ(names(out), (std::set<std::uint32_t>{t1}));
-  feed.feed(p, 4, 7);  // the rest of iteration 1, then iteration 2's P
+  feed.feed(p, 0, 6);  // iteration 0 and iteration 1's P (same activation)
+  p.predict(4, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{t1, w, u1}));
+  feed.feed(p, 6, 11);  // the rest of iteration 1, then iteration 2's P
+  p.predict(4, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{t2, w}));
+}
+
+TEST(SeqPredictor, ALoopWhoseTripCountVariesIsNamedByBirth) {
+  // Note [Named by birth]. F bears one activation per time step, named by
+  // position (as the ET importer names them: a_k is "the k-th"), and the
+  // backward ops B walk them in reverse, each also reading the weight. The
+  // recorded iteration had 3 time steps, this one has 4: its first B reads
+  // a_3 where the record's read a_2, so the next ones read a_2 and a_1, not
+  // the a_1 and a_0 the record names.
+  TraceMaker m;
+  std::uint32_t w = m.tensor("w", 8);
+  std::vector<std::uint32_t> a;
+  for (int k = 0; k < 4; ++k) a.push_back(m.tensor("a" + std::to_string(k), 16));
+  auto iteration = [&](std::uint32_t it, std::uint32_t steps) {
+    std::vector<std::uint32_t> born(a.begin(), a.begin() + steps);
+    m.op("F", OpClass::other, it, born, 0, EventKind::alloc);
+    for (std::uint32_t x : born) also(m, x, EventKind::write);
+    for (std::uint32_t j = 0; j < steps; ++j) {
+      m.op("B", OpClass::elementwise, it, {a[steps - 1 - j], w});
+      also(m, a[steps - 1 - j], EventKind::free);
+    }
+  };
+  iteration(0, 3);
+  iteration(1, 4);
+  TraceFeed feed(m.t);
+  SeqPredictor p;
+  std::vector<Predicted> out;
+  feed.feed(p, 0, 6);  // iteration 0, then iteration 1's F and first B
   p.predict(2, out);
-  EXPECT_EQ(names(out), (std::set<std::uint32_t>{w}));
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{a[2], a[1], w}));
 }
 
 TEST(SeqPredictor, RelabelledOpIsPlacedByItsTensorsNotByTheNearestSignature) {
@@ -235,7 +273,8 @@ TEST(SeqPredictor, AnOpFarBehindInTheRecordDoesNotPullThePointerBack) {
   TraceMaker m;
   const std::uint32_t w = m.tensor("w", 8);
   std::vector<std::uint32_t> mo;
-  for (int q = 0; q < 6; ++q) mo.push_back(m.tensor("m" + std::to_string(q), 64, trace::Role::optim_m));
+  for (int q = 0; q < 6; ++q)
+    mo.push_back(m.tensor("m" + std::to_string(q), 64, trace::Role::optim_m));
   for (std::uint32_t it = 0; it < 2; ++it) {
     m.op("aten::mm", OpClass::matmul, it, {w});
     for (int q = 0; q < 6; ++q) {

@@ -69,7 +69,14 @@ class SeqPredictor final : public Predictor {
   static constexpr std::uint32_t kGroupBit = 0x80000000u;
   struct Slot {
     std::uint64_t sig;
-    std::uint32_t begin, end;  // into Record::entries
+    std::uint32_t begin, end;            // into Record::entries
+    std::uint32_t born_begin, born_end;  // into Record::born
+  };
+  // Where a tensor was born in its job's iteration: the slot and the rank
+  // among that slot's allocations (Note [Named by birth] in seq.cpp).
+  struct Birth {
+    std::uint32_t slot = UINT32_MAX;  // UINT32_MAX: not born in the iteration
+    std::uint32_t rank = 0;
   };
   struct Record {
     std::uint64_t first_sig = 0;
@@ -85,6 +92,8 @@ class SeqPredictor final : public Predictor {
     std::uint32_t iter_count = 0;  // the job's iteration count when recorded
     std::vector<Slot> slots;
     std::vector<std::uint32_t> entries;  // tensor index, or kGroupBit | group index
+    std::vector<Birth> entry_birth;      // per entry (groups: none)
+    std::vector<std::uint32_t> born;     // tensors each slot allocated, in order
   };
   struct Where {
     int rec;
@@ -113,6 +122,13 @@ class SeqPredictor final : public Predictor {
     std::uint32_t prev_run_iters = 0;  // and in the run before it
     bool last_aligned = false, prev_aligned = false;  // its last two runs began an iteration
     std::uint32_t succ = UINT32_MAX;                  // job that ran after its previous run
+    // Note [Named by birth]: for the record this iteration follows (version
+    // `born_of`), the slot of this iteration each recorded slot matched, and
+    // per recorded slot the shift of the ranks of the births read since.
+    std::uint64_t born_of = 0;
+    std::vector<std::uint32_t> matched_at;
+    std::vector<std::int32_t> shift;
+    std::uint64_t shift_epoch = 0;  // bumped when a shift changes (window identity)
   };
   struct Group {
     std::uint32_t job = 0;
@@ -129,6 +145,9 @@ class SeqPredictor final : public Predictor {
     bool dead = false;                      // freed and not allocated since
     bool reborn = false;                    // has been allocated again after a free
     std::uint32_t alloc_iter = UINT32_MAX;  // iteration count of the allocating op's job
+    std::uint32_t alloc_job = 0;            // the allocating op's job
+    std::uint64_t bytes = 0;
+    Birth birth;  // in that job's iteration alloc_iter
     // The group its key (job, layer, role) hashed to when it last joined one:
     // a tensor freed and allocated again (activations, every step) rejoins
     // it without hashing. Groups are never removed, so the index stays valid.
@@ -145,12 +164,22 @@ class SeqPredictor final : public Predictor {
   void match_step(Job& jb);
   void join_group(std::uint32_t t, const Access& a);
   void leave_group(std::uint32_t t);
-  // Calls visit(ahead, job, record, slot) for each step ahead the plan fills.
+  // Calls visit(ahead, job, record, slot, now) for each step ahead the plan
+  // fills; `now`: the slot is in the iteration the job has in progress.
   template <typename Visit>
   void walk(std::uint32_t horizon, Visit&& visit);
   void new_stamp();
-  void emit_slot(const Job& jb, const Record& r, const Slot& s, std::uint32_t ahead,
+  // `now`: the slot falls in the iteration in progress of the job, so what
+  // the record names by birth is what this iteration bore there.
+  void emit_slot(const Job& jb, const Record& r, const Slot& s, bool now, std::uint32_t ahead,
                  std::vector<Predicted>& out);
+  // The tensor this iteration bore where recorded entry `k` of `r` was born:
+  // kUnborn if that slot has not run, kNone if it bore nothing there.
+  static constexpr std::uint32_t kUnborn = UINT32_MAX, kNone = UINT32_MAX - 1;
+  std::uint32_t born_now(const Job& jb, const Record& r, std::uint32_t k) const;
+  // After match_step: which slot of this iteration the matched recorded slot
+  // is, and the shifts its tensors show (Note [Named by birth]).
+  void learn_births(Job& jb);
   bool fresh(std::uint32_t t, const Group& g) const;
   // The record (and slot) an iteration that begins with `first_sig` follows.
   Where find_record(const Job& jb, std::uint64_t first_sig) const;
@@ -195,6 +224,7 @@ class SeqPredictor final : public Predictor {
     std::uint32_t pos;
     int then = -1;
     bool fresh_used = false;  // the in-progress iteration was replayed already
+    bool wrapped = false;     // past the iteration the job has in progress
   };
   std::vector<Cursor> cursors_;
   std::uint64_t versions_ = 0;
@@ -203,6 +233,7 @@ class SeqPredictor final : public Predictor {
     std::uint64_t version = 0;
     std::uint32_t pos = 0;
     bool filtered = false;
+    std::uint64_t shifts = 0;  // the job's shift_epoch, for slots named by birth
     bool operator==(const WinKey&) const = default;
   };
   struct WinSlot {
