@@ -41,10 +41,11 @@
 //    (a kind of iteration never seen) is "lost" and predicts nothing, until
 //    its next run if its runs begin iterations: that begins its next
 //    iteration, which the records tell.
-// 7. Replaced transients: a matched step that leaves untouched a tensor the
-//    recorded iteration allocated means the iteration's shapes changed (a
-//    serving batch grew or shrank): the record's transients not seen again
-//    are withheld for the rest of the iteration.
+// 7. Replaced transients: a matched step that bore, in place of most of the
+//    tensors the recorded step bore, others of another size means the
+//    iteration's shapes changed (a serving batch grew or shrank): the
+//    record's transients not seen again are withheld until a step bears
+//    what its record did (Note [Named by birth]).
 // 8. Freshness: wrapping into the next iteration of the kind in progress,
 //    the slots already executed in this iteration replace the record's.
 // 9. Successor: the kind of iteration that follows a kind is the most
@@ -381,7 +382,7 @@ void SeqPredictor::step_done() {
   Job& jb = jobs_[step_job_];
   match_step(jb);
   if (step_rec_ >= 0) learn_births(jb);
-  if (step_rec_ >= 0 && !jb.shape_changed) {
+  if (step_rec_ >= 0) {
     // A transient of the recorded step (allocated in the recorded iteration)
     // that this step did not touch, and that has been freed since, has been
     // replaced (e.g. serving activations whose batch changed): the record's
@@ -395,23 +396,29 @@ void SeqPredictor::step_done() {
     std::uint32_t transients = 0, untouched = 0;
     for (std::uint32_t k = sl.begin; k < sl.end; ++k) {
       const std::uint32_t e = r.entries[k];
-      if (e & kGroupBit || ts_[e].alloc_iter != r.iter_count) continue;
-      // What this iteration bore in its place stands in for it, unless it
-      // is of another size and new or this op's own output: a replacement (a
-      // batch that changed, a KV tensor that grew). Where it bore nothing
-      // (fewer births: a shorter loop) nothing was replaced (Note [Named by
-      // birth]).
+      if (e & kGroupBit) continue;
+      // Only what this op bore tells (Note [Named by birth]): a batch that
+      // changed shows first where its activations are born; a read of an
+      // earlier birth that went elsewhere is a loop that ended sooner.
+      const std::uint32_t born_at = r.entry_birth[k].slot;
+      if (born_at != UINT32_MAX && born_at != step_pos_) continue;
       const std::uint32_t now = born_now(jb, r, k);
-      if (now == kNone) continue;
+      if (now == kNone) continue;  // it bore fewer (a shorter loop): nothing replaced
+      if (now == e) {              // bore the recorded tensor again
+        ++transients;
+        continue;
+      }
+      if (ts_[e].alloc_iter != r.iter_count) continue;  // not a transient of the record
       ++transients;
-      const bool renamed = now != kUnborn && now != e;
-      const bool kept = renamed ? ts_[now].step_stamp == step_ &&
-                                      (ts_[now].bytes == ts_[e].bytes ||
-                                       (ts_[now].reborn && r.entry_birth[k].slot != step_pos_))
-                                : ts_[e].step_stamp == step_;
+      // What it bore in the recorded one's place stands in for it unless it
+      // is of another size: a replacement (a batch that changed, a KV tensor
+      // that grew).
+      const bool kept = now != kUnborn
+                            ? ts_[now].step_stamp == step_ && ts_[now].bytes == ts_[e].bytes
+                            : ts_[e].step_stamp == step_;
       untouched += !kept && ts_[e].dead;
     }
-    if (untouched > 0 && 2 * untouched >= transients) jb.shape_changed = true;
+    if (transients > 0) jb.shape_changed = untouched > 0 && 2 * untouched >= transients;
   }
   Record& rec = jb.cur;
   for (std::uint32_t t : step_tensors_) {
@@ -461,12 +468,15 @@ void SeqPredictor::step_done() {
 // rank q' now: q' - q), 0 until one is seen. With stable names that is the
 // recorded tensor itself, so nothing changes; where names moved it is the
 // tensor the op will read. Optimizer state the recorded iteration created
-// and that lives on keeps its identity. One of another size that is new, or
-// the op's own output, stands for a replacement (a batch that changed, a KV
-// tensor that grew), not a renaming: item 7 still applies. Where the slot
-// bore fewer (a shorter loop), nothing was replaced.
-// Slots past the iteration in progress keep their identities: their births
-// have not happened.
+// and that lives on keeps its identity. Slots past the iteration in progress
+// keep their identities: their births have not happened.
+// Item 7 follows: whether this iteration replaced the record's transients is
+// judged only on what each matched op bore itself (a batch that changed shows
+// where its activations are born), a tensor of the same size in a recorded
+// one's place is a renaming, not a replacement, and fewer births (a shorter
+// loop) replace nothing. The verdict stands until the next step that bore
+// recorded transients: an LSTM's stack over the time steps changes size with
+// the sequence, the steps after it bear what the record did.
 void SeqPredictor::learn_births(Job& jb) {
   const Record& r = jb.records[step_rec_];
   if (r.version != jb.born_of) {  // a record newly followed: nothing matched in it yet

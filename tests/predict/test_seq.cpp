@@ -107,6 +107,43 @@ TEST(SeqPredictor, ReplacedTransientsAreWithheld) {
   EXPECT_EQ(names(out), (std::set<std::uint32_t>{t2, w}));
 }
 
+TEST(SeqPredictor, AStepThatBearsTheRecordedTensorsAgainEndsTheWithholding) {
+  // P bears a tensor whose size follows the input (a stack over time steps):
+  // iteration 2's is another. S and V bear the same tensors every iteration.
+  // After P, the record's later transients are withheld; once S has borne
+  // its recorded tensor again, V's is predicted again.
+  TraceMaker m;
+  std::uint32_t t1 = m.tensor("stack", 100), t2 = m.tensor("stack", 60), u = m.tensor("u", 50),
+                v = m.tensor("v", 50);
+  auto bear = [&](const char* name, std::uint32_t it, std::uint32_t x) {
+    m.op(name, OpClass::matmul, it, {x}, 0, EventKind::alloc);
+    also(m, x, EventKind::write);
+  };
+  auto iteration = [&](std::uint32_t it, std::uint32_t stack) {
+    bear("P", it, stack);
+    m.op("Q", OpClass::matmul, it, {stack});
+    also(m, stack, EventKind::free);
+    bear("S", it, u);
+    m.op("U", OpClass::matmul, it, {u});
+    also(m, u, EventKind::free);
+    bear("V", it, v);
+    m.op("W", OpClass::matmul, it, {v});
+    also(m, v, EventKind::free);
+  };
+  iteration(0, t1);
+  iteration(1, t1);
+  iteration(2, t2);
+  TraceFeed feed(m.t);
+  SeqPredictor p;
+  std::vector<Predicted> out;
+  feed.feed(p, 0, 13);  // iterations 0 and 1, then iteration 2's P
+  p.predict(5, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{t2}));  // Q reads what P bore
+  feed.feed(p, 13, 15);                                  // Q, then S bears u again
+  p.predict(3, out);
+  EXPECT_EQ(names(out), (std::set<std::uint32_t>{u, v}));
+}
+
 TEST(SeqPredictor, ALoopWhoseTripCountVariesIsNamedByBirth) {
   // Note [Named by birth]. F bears one activation per time step, named by
   // position (as the ET importer names them: a_k is "the k-th"), and the
