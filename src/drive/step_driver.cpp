@@ -91,14 +91,11 @@ StepDriver::Wait StepDriver::advance() {
 }
 
 bool StepDriver::creates_only(std::size_t j) const {
-  const Step& s = steps_[j];
-  if (s.touches.empty()) return false;
-  for (const Touch& t : s.touches) {
-    // A tensor freed and not yet removed holds no data (ensure() will say so).
-    if (!t.writes || (has_data_[t.tensor] && !removing_[t.tensor])) return false;
-    if (!policy_.home_tier(trace_.tensors[t.tensor])) return false;  // no home: a step as any
-  }
-  return true;
+  return engine::creates_only(steps_[j], [&](std::uint32_t t) {
+    // A tensor freed and not yet removed holds no data (ensure() will say
+    // so); one without a home is created as any step runs (it counts as held).
+    return (has_data_[t] && !removing_[t]) || !policy_.home_tier(trace_.tensors[t]);
+  });
 }
 
 void StepDriver::begin_step() {
@@ -178,9 +175,8 @@ bool StepDriver::acquire_pass() {
   for (std::size_t i = 0; i < s.touches.size(); ++i) {
     if (done_[i]) continue;
     Held& h = held_[i];
-    const Status st =
-        eng_.try_acquire(engine_id(h.tensor), tier_, h.fresh ? Access::write : Access::read,
-                         &h.lease);
+    const Status st = eng_.try_acquire(engine_id(h.tensor), tier_,
+                                       h.fresh ? Access::write : Access::read, &h.lease);
     if (mem::ok(st)) {
       done_[i] = 1;
       --pending_;
@@ -248,8 +244,7 @@ void StepDriver::start_compute() {
   if (o_.op_time) {
     const double s = o_.op_time(op);
     if (!std::isfinite(s) || s < 0)
-      input_error("op_time", "op '{}': compute time {} s is not a finite number >= 0", op.name,
-                  s);
+      input_error("op_time", "op '{}': compute time {} s is not a finite number >= 0", op.name, s);
     dt = static_cast<std::uint64_t>(std::llround(s * 1e9));
   }
   rep_.compute_ns += dt;
@@ -287,9 +282,10 @@ void StepDriver::end_compute() {
     o_.observer->op(o_.card, op.iteration, s.op, op.name,
                     engine::OpWork{op.flops, static_cast<double>(op.bytes)}, seconds(compute_from_),
                     seconds(now));
-    const bool last_of_iteration = j_ + 1 == n_ || trace_.ops[steps_[j_ + 1].op].iteration !=
-                                                       op.iteration;
-    if (op.job == 0 && last_of_iteration) o_.observer->step_end(o_.card, op.iteration, seconds(now));
+    const bool last_of_iteration =
+        j_ + 1 == n_ || trace_.ops[steps_[j_ + 1].op].iteration != op.iteration;
+    if (op.job == 0 && last_of_iteration)
+      o_.observer->step_end(o_.card, op.iteration, seconds(now));
   }
   release_leases(true);
   for (std::uint32_t t : s.frees) {

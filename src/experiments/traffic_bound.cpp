@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "u3m/policy/tiering.hpp"
+
 namespace u3m::experiments {
 
 // Note [Traffic lower bound]
@@ -155,13 +157,10 @@ TrafficBound traffic_bound(const TrafficInputs& in) {
     std::vector<std::uint8_t> a = alive;
     for (std::size_t j = in.span_begin; j < in.span_end; ++j) {
       const engine::Step& s = in.steps[j];
-      bool only = !s.touches.empty();
-      for (const engine::Touch& x : s.touches) {
-        only = only && x.writes && !a[x.tensor];
-        a[x.tensor] = 1;
-      }
+      out.creates_only[j - in.span_begin] =
+          engine::creates_only(s, [&](std::uint32_t t) { return a[t] != 0; });
+      for (const engine::Touch& x : s.touches) a[x.tensor] = 1;
       for (std::uint32_t f : s.frees) a[f] = 0;
-      out.creates_only[j - in.span_begin] = only;
     }
   }
   SpanSim sim;
@@ -180,7 +179,7 @@ TrafficBound traffic_bound(const TrafficInputs& in) {
     std::fill(written.begin(), written.end(), 0);
     for (std::size_t j = in.span_begin; j < in.span_end; ++j) {
       const engine::Step& s = in.steps[j];
-      const bool host = in.host_optimizer && tr.ops[s.op].phase == trace::Phase::optimizer;
+      const bool host = policy::tier_of_op(tr.ops[s.op], in.host_optimizer) == mem::Tier::host;
       const auto& r = reads[j - in.span_begin];
       for (std::size_t i = 0; i < s.touches.size(); ++i) {
         const std::uint32_t t = s.touches[i].tensor;

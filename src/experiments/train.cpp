@@ -799,7 +799,7 @@ BoundEval bound_of(const TrainScenario& base, const workload::ModelShape& m) {
       for (std::size_t j = span_begin; j < span_end; ++j) {
         if (tb.creates_only[j - span_begin]) continue;
         const trace::Op& op = w.t.ops[w.steps[j].op];
-        if (host && op.phase == trace::Phase::optimizer)
+        if (policy::tier_of_op(op, host) == Tier::host)
           host_adam += as_driven(host_op_s(s.hw, op));
         else
           compute += as_driven(device_op_s(s.hw, op));

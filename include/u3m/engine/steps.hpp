@@ -29,6 +29,18 @@ struct Step {
 // does not exist.
 std::vector<Step> build_steps(const trace::Trace& trace, std::uint64_t max_events = 0);
 
+// Whether a step only creates: it touches something, and every touch writes a
+// tensor that holds no data yet (`holds_data(tensor)`), so it is run without
+// compute. The one rule: the step driver asks it with its live state, the
+// traffic bound with the state it simulates.
+template <typename HoldsData>
+bool creates_only(const Step& s, HoldsData&& holds_data) {
+  if (s.touches.empty()) return false;
+  for (const Touch& t : s.touches)
+    if (!t.writes || holds_data(t.tensor)) return false;
+  return true;
+}
+
 // The most bytes live at once over the trace (alloc/free events; tensors
 // never allocated count from their first use to the end).
 std::uint64_t trace_footprint(const trace::Trace& trace);

@@ -37,7 +37,7 @@ struct TrafficBound {
   std::uint64_t ssd_read = 0;   // into HBM + DRAM
   std::uint64_t ssd_write = 0;  // new data alive at the end beyond HBM + DRAM
   // The span's steps that only create tensors: the step driver runs them
-  // without compute (StepDriver::creates_only), so a bound charges none.
+  // without compute (engine::creates_only), so a bound charges none.
   std::vector<std::uint8_t> creates_only;  // by step - span_begin
 };
 

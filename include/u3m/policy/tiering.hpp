@@ -167,11 +167,21 @@ class TieringPolicy {
   virtual std::optional<Tier> home_tier(const trace::Tensor&) const { return std::nullopt; }
   // Whether optimizer steps run on the host (op_tier's default follows it).
   virtual bool optimizer_on_host() const { return false; }
-  virtual Tier op_tier(const trace::Op& op) const {
-    return optimizer_on_host() && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
-  }
+  virtual Tier op_tier(const trace::Op& op) const;
   virtual void on_step(std::size_t step, StepContext& ctx) = 0;
 };
+
+// Where an op runs: an optimizer step on the host when the optimizer is
+// placed there, every other op on the device. The one placement rule: the
+// policies' default op_tier, the traffic bound and the physical bound
+// (experiments/) all ask it.
+inline Tier tier_of_op(const trace::Op& op, bool optimizer_on_host) {
+  return optimizer_on_host && op.phase == trace::Phase::optimizer ? Tier::host : Tier::device;
+}
+
+inline Tier TieringPolicy::op_tier(const trace::Op& op) const {
+  return tier_of_op(op, optimizer_on_host());
+}
 
 // Prefetches the tensors of the steps k ahead of `step` that run on the
 // device: each step once, k steps ahead; the first step also covers the k
