@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <tuple>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -904,17 +906,30 @@ BoundShape bound_at(const TrainScenario& s) {
 }
 
 PhysicalBound physical_bound(const TrainScenario& base, double max_loss) {
+  // Both searches walk the same ladder and bound_of gives both figures: each
+  // shape is evaluated once.
+  std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t,
+                      std::uint32_t, bool>,
+           BoundEval>
+      memo;
+  auto eval = [&](const workload::ModelShape& m) -> const BoundEval& {
+    const auto key =
+        std::tuple{m.layers, m.d_model, m.heads, m.kv_heads, m.ffn, m.vocab, m.tied_embeddings};
+    auto it = memo.find(key);
+    if (it == memo.end()) it = memo.emplace(key, bound_of(base, m)).first;
+    return it->second;
+  };
   PhysicalBound out;
   out.overlapped = largest_passing(
       [&](const workload::ModelShape& m) -> std::optional<BoundShape> {
-        const BoundEval e = bound_of(base, m);
+        const BoundEval& e = eval(m);
         if (!e.feasible || e.loss_overlapped > max_loss) return std::nullopt;
         return e.over;
       },
       0.02);
   out.serial = largest_passing(
       [&](const workload::ModelShape& m) -> std::optional<BoundShape> {
-        const BoundEval e = bound_of(base, m);
+        const BoundEval& e = eval(m);
         if (!e.feasible || e.loss_serial > max_loss) return std::nullopt;
         return e.serial;
       },
