@@ -15,7 +15,7 @@ given as a fraction of each model's step: ns per access x accesses per step / th
 step time. The models' matmuls and convolutions take 100 us or more, so Python overhead is not all
 this measures.
 
-    PYTHONPATH=build/torch/python:python /usr/bin/python3 bench/torch_offload_cost.py
+    PYTHONPATH=build/release/python:python /usr/bin/python3 bench/torch_offload_cost.py
     ... --models llama,lstm --policies u3m,lookahead --runs 5 --json
 """
 from __future__ import annotations
