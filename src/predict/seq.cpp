@@ -41,11 +41,12 @@
 //    (a kind of iteration never seen) is "lost" and predicts nothing, until
 //    its next run if its runs begin iterations: that begins its next
 //    iteration, which the records tell.
-// 7. Replaced transients: a matched step that bore, in place of most of the
-//    tensors the recorded step bore, others of another size means the
+// 7. Replaced transients: a matched step whose recorded transients are at
+//    least half replaced (in place of what the recorded op bore it bore one
+//    of another size, or left a freed recorded transient untouched) means the
 //    iteration's shapes changed (a serving batch grew or shrank): the
-//    record's transients not seen again are withheld until a step bears
-//    what its record did (Note [Named by birth]).
+//    record's transients not seen again are withheld until the next matched
+//    step with recorded transients judges otherwise (Note [Named by birth]).
 // 8. Freshness: wrapping into the next iteration of the kind in progress,
 //    the slots already executed in this iteration replace the record's.
 // 9. Successor: the kind of iteration that follows a kind is the most
@@ -421,11 +422,16 @@ void SeqPredictor::step_done() {
     if (transients > 0) jb.shape_changed = untouched > 0 && 2 * untouched >= transients;
   }
   Record& rec = jb.cur;
+  const auto this_slot = static_cast<std::uint32_t>(rec.slots.size() - 1);
   for (std::uint32_t t : step_tensors_) {
     rec.entries.push_back(t);
     const TensorState& ts = ts_[t];
     const bool here = ts.alloc_job == step_job_ && ts.alloc_iter == jb.iter_count;
     rec.entry_birth.push_back(here ? ts.birth : Birth{});
+    if (here && ts.birth.slot != this_slot) {
+      std::uint32_t& last = rec.slots.back().last_birth;
+      last = last == UINT32_MAX ? ts.birth.slot : std::max(last, ts.birth.slot);
+    }
   }
   for (std::uint32_t gi : step_groups_) {
     Group& g = groups_[gi];
@@ -470,13 +476,15 @@ void SeqPredictor::step_done() {
 // tensor the op will read. Optimizer state the recorded iteration created
 // and that lives on keeps its identity. Slots past the iteration in progress
 // keep their identities: their births have not happened.
-// Item 7 follows: whether this iteration replaced the record's transients is
-// judged only on what each matched op bore itself (a batch that changed shows
-// where its activations are born), a tensor of the same size in a recorded
-// one's place is a renaming, not a replacement, and fewer births (a shorter
-// loop) replace nothing. The verdict stands until the next step that bore
-// recorded transients: an LSTM's stack over the time steps changes size with
-// the sequence, the steps after it bear what the record did.
+// Item 7 follows: of the recorded entries born in the recorded iteration,
+// only those the matched op bore itself, or whose birth is not known (no
+// alloc event), are judged (a batch that changed shows where its
+// activations are born); a recorded tensor borne again, or one of the same
+// size in its place, is kept (a renaming, not a replacement); fewer births (a
+// shorter loop) judge nothing. The verdict is taken again at every matched
+// step with entries to judge, so a step whose only judged entries are alive
+// or borne again ends it: an LSTM's stack over the time steps changes size
+// with the sequence, the steps after it bear what the record did.
 void SeqPredictor::learn_births(Job& jb) {
   const Record& r = jb.records[step_rec_];
   if (r.version != jb.born_of) {  // a record newly followed: nothing matched in it yet
@@ -729,8 +737,13 @@ void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predi
   walk(horizon,
        [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos, bool now) {
          while (expect < ahead) settle(expect, WinKey{}, nullptr, nullptr);  // nothing lands there
-         // A slot named by birth is named anew when the shifts change.
-         const std::uint64_t shifts = now ? jb.shift_epoch + 1 : 0;
+         // A slot named by birth is named anew when the shifts change, and
+         // once the last earlier slot whose births it reads has run (before,
+         // it named the recorded tensors).
+         const std::uint32_t last = r.slots[pos].last_birth;
+         const bool born =
+             last == UINT32_MAX || (r.version == jb.born_of && jb.matched_at[last] != UINT32_MAX);
+         const std::uint64_t shifts = now ? 2 * (jb.shift_epoch + 1) + born : 0;
          settle(ahead, {r.version, pos, jb.shape_changed && &r != &jb.cur, shifts}, &jb, &r);
        });
   while (expect < horizon) settle(expect, WinKey{}, nullptr, nullptr);

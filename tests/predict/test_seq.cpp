@@ -396,6 +396,38 @@ TEST(WindowDelta, DefaultIsExactAndSeqIsNearExact) {
   expect_window_matches(t, "u3m", 0.97);
 }
 
+TEST(WindowDelta, ASlotNamedByBirthIsNamedAnewOnceItsBirthSlotHasRun) {
+  // W and C read a weight, B bears an activation (a new tensor every
+  // iteration, as a changed batch would), X reads it. X enters the window
+  // before B has run, naming the recorded activation; once B has run it
+  // must name B's (Note [Named by birth]), as predict() does.
+  TraceMaker m;
+  const std::uint32_t w = m.tensor("w", 8);
+  for (std::uint32_t it = 0; it < 5; ++it) {
+    const std::uint32_t a = m.tensor("a" + std::to_string(it), 16);
+    m.op("W", OpClass::matmul, it, {w});
+    m.op("B", OpClass::matmul, it, {a}, 0, EventKind::alloc);
+    also(m, a, EventKind::write);
+    m.op("C", OpClass::matmul, it, {w});
+    m.op("X", OpClass::matmul, it, {a});
+    also(m, a, EventKind::free);
+  }
+  TraceFeed feed(m.t);
+  SeqPredictor full, delta;
+  std::vector<Predicted> out, entered;
+  std::vector<std::uint32_t> left;
+  std::set<std::uint32_t> win;
+  for (std::size_t s = 0; s < feed.num_steps(); ++s) {
+    full.predict(3, out);
+    delta.predict_window_delta(3, entered, left);
+    for (std::uint32_t x : left) win.erase(x);
+    for (const Predicted& p : entered) win.insert(p.tensor);
+    if (s >= 8) EXPECT_EQ(win, names(out)) << "before step " << s;  // from iteration 2 on
+    feed.feed(full, s, s + 1);
+    feed.feed(delta, s, s + 1);
+  }
+}
+
 TEST(Diagnoser, TotalsAgreeWithTheEvaluator) {
   SyntheticMixed sp;
   sp.pattern = SyntheticMixed::Pattern::timeshare;

@@ -71,6 +71,9 @@ class SeqPredictor final : public Predictor {
     std::uint64_t sig;
     std::uint32_t begin, end;            // into Record::entries
     std::uint32_t born_begin, born_end;  // into Record::born
+    // The last earlier slot of the iteration whose births this one touched
+    // (UINT32_MAX: none), for the window's identity of a slot named by birth.
+    std::uint32_t last_birth = UINT32_MAX;
   };
   // Where a tensor was born in its job's iteration: the slot and the rank
   // among that slot's allocations (Note [Named by birth] in seq.cpp).
