@@ -409,7 +409,8 @@ void SeqPredictor::step_done() {
         ++transients;
         continue;
       }
-      if (ts_[e].alloc_iter != r.iter_count) continue;  // not a transient of the record
+      // Not a transient of the record (born in another iteration, or by another job).
+      if (ts_[e].alloc_iter != r.iter_count || ts_[e].alloc_job != step_job_) continue;
       ++transients;
       // What it bore in the recorded one's place stands in for it unless it
       // is of another size: a replacement (a batch that changed, a KV tensor
@@ -524,7 +525,7 @@ std::uint32_t SeqPredictor::born_now(const Job& jb, const Record& r, std::uint32
   // Born in the recorded iteration and alive since (optimizer state that
   // iteration created): the tensor itself, not what this one bore there.
   const TensorState& e = ts_[r.entries[k]];
-  if (!e.dead && e.alloc_iter == r.iter_count) return kUnborn;
+  if (!e.dead && e.alloc_iter == r.iter_count && e.alloc_job == job_index(jb)) return kUnborn;
   const std::uint32_t at = jb.matched_at[b.slot];
   if (at == UINT32_MAX) return kUnborn;
   const Slot& s = jb.cur.slots[at];
@@ -555,7 +556,7 @@ void SeqPredictor::emit_slot(const Job& jb, const Record& r, const Slot& s, bool
       // born in the recorded iteration (training activations), not if it
       // outlived it (a finished request's KV blocks).
       const TensorState& s = ts_[e];
-      const bool transient = s.alloc_iter == r.iter_count;
+      const bool transient = s.alloc_iter == r.iter_count && s.alloc_job == job_index(jb);
       // After this iteration replaced a recorded transient, the record's
       // transients not yet seen again are likely replaced too.
       if (transient && jb.shape_changed && &r != &jb.cur && s.last_iter < jb.iter_count) continue;

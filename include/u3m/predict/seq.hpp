@@ -161,6 +161,9 @@ class SeqPredictor final : public Predictor {
   };
 
   Job& job(std::uint32_t j);
+  std::uint32_t job_index(const Job& jb) const {
+    return static_cast<std::uint32_t>(&jb - jobs_.data());
+  }
   void begin_step(const Access& a);
   void start_iteration(Job& jb, std::uint64_t first_sig);
   // The recorded slot the step just observed is (Note [Anchoring on tensors]).
