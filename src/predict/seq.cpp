@@ -156,6 +156,7 @@ void SeqPredictor::start_iteration(Job& jb, std::uint64_t first_sig) {
   jb.pos = w.pos;
   jb.shape_changed = false;
   jb.born_of = 0;  // nothing of this iteration is matched yet
+  jb.renamed = false;
   if (jb.ref >= 0) jb.records[jb.ref].used = ++uses_;
 }
 
@@ -200,7 +201,8 @@ void SeqPredictor::begin_step(const Access& a) {
   step_new_iter_ = new_iteration;
   const auto at = static_cast<std::uint32_t>(jb.cur.entries.size());
   const auto born = static_cast<std::uint32_t>(jb.cur.born.size());
-  jb.cur.slots.push_back({a.op_sig, at, at, born, born});
+  jb.cur.slots.push_back({a.op_sig, at, at});
+  jb.cur.slot_births.push_back({born, born});
 }
 
 // Note [Anchoring on tensors]
@@ -356,12 +358,12 @@ void SeqPredictor::observe(const Access& a) {
   }
   if (a.kind == trace::EventKind::alloc) {
     Record& cur = jobs_[a.job].cur;
-    Slot& sl = cur.slots.back();
+    SlotBirths& sb = cur.slot_births.back();
     s.alloc_iter = jobs_[a.job].iter_count;
     s.alloc_job = a.job;
-    s.birth = {static_cast<std::uint32_t>(cur.slots.size() - 1), sl.born_end - sl.born_begin};
+    s.birth = {static_cast<std::uint32_t>(cur.slots.size() - 1), sb.end - sb.begin};
     cur.born.push_back(a.tensor);
-    ++sl.born_end;
+    ++sb.end;
   }
   join_group(a.tensor, a);
   if (!is_access(a.kind)) return;
@@ -430,7 +432,7 @@ void SeqPredictor::step_done() {
     const bool here = ts.alloc_job == step_job_ && ts.alloc_iter == jb.iter_count;
     rec.entry_birth.push_back(here ? ts.birth : Birth{});
     if (here && ts.birth.slot != this_slot) {
-      std::uint32_t& last = rec.slots.back().last_birth;
+      std::uint32_t& last = rec.slot_births.back().last;
       last = last == UINT32_MAX ? ts.birth.slot : std::max(last, ts.birth.slot);
     }
   }
@@ -499,6 +501,15 @@ void SeqPredictor::learn_births(Job& jb) {
   const Slot& sl = r.slots[step_pos_];
   if (sl.sig != step_sig_) return;
   jb.matched_at[step_pos_] = static_cast<std::uint32_t>(jb.cur.slots.size() - 1);
+  // Bore other tensors than the record's slot: the slots reading them name
+  // others than the recorded ones (the window names them anew).
+  if (!jb.renamed) {
+    const SlotBirths& was = r.slot_births[step_pos_];
+    const SlotBirths& now = jb.cur.slot_births.back();
+    jb.renamed = now.end - now.begin != was.end - was.begin ||
+                 !std::equal(r.born.begin() + was.begin, r.born.begin() + was.end,
+                             jb.cur.born.begin() + now.begin);
+  }
   // The same op: its tensors come in the recorded order (first touch).
   const std::size_t n = std::min<std::size_t>(sl.end - sl.begin, step_tensors_.size());
   for (std::size_t i = 0; i < n; ++i) {
@@ -528,10 +539,10 @@ std::uint32_t SeqPredictor::born_now(const Job& jb, const Record& r, std::uint32
   if (!e.dead && e.alloc_iter == r.iter_count && e.alloc_job == job_index(jb)) return kUnborn;
   const std::uint32_t at = jb.matched_at[b.slot];
   if (at == UINT32_MAX) return kUnborn;
-  const Slot& s = jb.cur.slots[at];
+  const SlotBirths& s = jb.cur.slot_births[at];
   const std::int64_t q = std::int64_t(b.rank) + jb.shift[b.slot];
-  if (q < 0 || q >= std::int64_t(s.born_end - s.born_begin)) return kNone;
-  return jb.cur.born[s.born_begin + static_cast<std::uint32_t>(q)];
+  if (q < 0 || q >= std::int64_t(s.end - s.begin)) return kNone;
+  return jb.cur.born[s.begin + static_cast<std::uint32_t>(q)];
 }
 
 void SeqPredictor::emit_slot(const Job& jb, const Record& r, const Slot& s, bool now,
@@ -738,13 +749,17 @@ void SeqPredictor::predict_window_delta(std::uint32_t horizon, std::vector<Predi
   walk(horizon,
        [&](std::uint32_t ahead, const Job& jb, const Record& r, std::uint32_t pos, bool now) {
          while (expect < ahead) settle(expect, WinKey{}, nullptr, nullptr);  // nothing lands there
-         // A slot named by birth is named anew when the shifts change, and
-         // once the last earlier slot whose births it reads has run (before,
-         // it named the recorded tensors).
-         const std::uint32_t last = r.slots[pos].last_birth;
-         const bool born =
-             last == UINT32_MAX || (r.version == jb.born_of && jb.matched_at[last] != UINT32_MAX);
-         const std::uint64_t shifts = now ? 2 * (jb.shift_epoch + 1) + born : 0;
+         // A slot named by birth is named anew when a shift changes, and,
+         // in an iteration that bore other tensors than its record, once the
+         // last earlier slot whose births it reads has run (before, it named
+         // the recorded ones). With stable names neither happens.
+         std::uint64_t shifts = 0;
+         if (now) {
+           const std::uint32_t last = r.slot_births[pos].last;
+           const bool born = jb.renamed && last != UINT32_MAX && r.version == jb.born_of &&
+                             jb.matched_at[last] != UINT32_MAX;
+           shifts = 2 * (jb.shift_epoch + 1) + born;
+         }
          settle(ahead, {r.version, pos, jb.shape_changed && &r != &jb.cur, shifts}, &jb, &r);
        });
   while (expect < horizon) settle(expect, WinKey{}, nullptr, nullptr);

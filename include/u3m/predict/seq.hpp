@@ -69,11 +69,15 @@ class SeqPredictor final : public Predictor {
   static constexpr std::uint32_t kGroupBit = 0x80000000u;
   struct Slot {
     std::uint64_t sig;
-    std::uint32_t begin, end;            // into Record::entries
-    std::uint32_t born_begin, born_end;  // into Record::born
+    std::uint32_t begin, end;  // into Record::entries
+  };
+  // A slot's births, apart from Slot: the walk reads every slot ahead, and a
+  // small Slot keeps that to one cache line per four slots.
+  struct SlotBirths {
+    std::uint32_t begin, end;  // into Record::born
     // The last earlier slot of the iteration whose births this one touched
     // (UINT32_MAX: none), for the window's identity of a slot named by birth.
-    std::uint32_t last_birth = UINT32_MAX;
+    std::uint32_t last = UINT32_MAX;
   };
   // Where a tensor was born in its job's iteration: the slot and the rank
   // among that slot's allocations (Note [Named by birth] in seq.cpp).
@@ -94,9 +98,10 @@ class SeqPredictor final : public Predictor {
     std::uint64_t version = 0;     // unique per recorded iteration (window identity)
     std::uint32_t iter_count = 0;  // the job's iteration count when recorded
     std::vector<Slot> slots;
-    std::vector<std::uint32_t> entries;  // tensor index, or kGroupBit | group index
-    std::vector<Birth> entry_birth;      // per entry (groups: none)
-    std::vector<std::uint32_t> born;     // tensors each slot allocated, in order
+    std::vector<std::uint32_t> entries;   // tensor index, or kGroupBit | group index
+    std::vector<Birth> entry_birth;       // per entry (groups: none)
+    std::vector<std::uint32_t> born;      // tensors each slot allocated, in order
+    std::vector<SlotBirths> slot_births;  // per slot
   };
   struct Where {
     int rec;
@@ -132,6 +137,7 @@ class SeqPredictor final : public Predictor {
     std::vector<std::uint32_t> matched_at;
     std::vector<std::int32_t> shift;
     std::uint64_t shift_epoch = 0;  // bumped when a shift changes (window identity)
+    bool renamed = false;           // this iteration bore other tensors than its record somewhere
   };
   struct Group {
     std::uint32_t job = 0;
