@@ -36,7 +36,7 @@ namespace {
 
 struct TrainArgs {
   std::string model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
-  std::string policies = "hbm-only,static-offload,zero-offload,lru,u3m,belady";
+  std::string policies = "hbm-only,static-offload,zero-offload,lru,u3m,design-seed,belady";
   std::uint32_t cards = 4, steps = 3;
   workload::TrainConfig train;
   double max_loss = 0.05;
@@ -221,6 +221,22 @@ void run_sim(const TrainArgs& a) {
              r.card_model == experiments::CardModel::separate
                  ? fmt::format(" (card {}, the last to finish the step)", r.sim_card)
                  : "");
+  const observe::BandReport& band = r.hbm_band;
+  if (band.span_s() > 0)
+    fmt::print(
+        "  HBM use over the run: mean {:.0f}%, peak {:.0f}%; {:.0f}% of the time in the design's "
+        "{:.0f}-{:.0f}% band, {:.0f}% below, {:.0f}% above (--json: the series)\n",
+        100 * band.mean, 100 * band.peak, 100 * band.in_s / band.span_s(), 100 * band.low,
+        100 * band.high, 100 * band.below_s / band.span_s(), 100 * band.above_s / band.span_s());
+  if (r.design_seed) {
+    const policy::DesignSeedStats& d = *r.design_seed;
+    fmt::print(
+        "  design-seed: {} recalibrations (every {:.0f} s), thresholds {} hot {:.3g} / warm "
+        "{:.3g}; demotions by heat {}, by the seed rules {}; layer prefetches {}\n",
+        d.recalibrations, s.design.recalibrate_period_s,
+        d.calibrated ? "calibrated on the first step," : "the design's defaults (never calibrated),",
+        d.hot, d.warm, d.heat_demotions, d.placement_demotions, d.layer_prefetches);
+  }
   print_cards(r);
   fmt::print("  {:<5} {:>10} {:>10} {:>8}\n", "link", "bytes", "transfers", "busy s");
   for (int l = 0; l < engine::kNumLinks; ++l) {
@@ -298,6 +314,14 @@ std::string scenario_label(const experiments::TrainScenario& s) {
       s.train.micro_batch_size, s.train.seq_len, s.train.micro_batches);
 }
 
+// The run that reached a row's capacity (null: none fits the bound).
+const experiments::TrainResult* capacity_point(const experiments::CapacityRow& r) {
+  if (r.max_params == 0) return nullptr;
+  for (const auto& t : r.tried)
+    if (t.params == r.max_params && t.fits) return &t;
+  return nullptr;
+}
+
 nlohmann::json sweep_json(const CapacitySweep& w, double max_loss) {
   nlohmann::json j = {{"label", scenario_label(w.s)},
                       {"scenario", experiments::train_scenario_json(w.s)}};
@@ -324,6 +348,9 @@ nlohmann::json sweep_json(const CapacitySweep& w, double max_loss) {
         {"next_params", r.next_params},
         {"gain_vs_hbm_only", w.base_params ? double(r.max_params) / double(w.base_params) : 0.0},
         {"tried", tried}};
+    if (const experiments::TrainResult* at = capacity_point(r))
+      j["policies"][r.policy]["hbm_band"] =
+          experiments::train_result_json(*at)["hbm_band"];  // with its series
   }
   j["physical_bound"] = {{"overlapped", bound_json(w.bound.overlapped)},
                          {"serial", bound_json(w.bound.serial)}};
@@ -361,6 +388,17 @@ void print_sweep(const CapacitySweep& w, double max_loss) {
   fmt::print("  serial yardstick (every transfer added to the step): {}\n",
              bound_text(w.bound.serial));
   // What limits the larger shapes: the smallest failing shape each policy tried.
+  // HBM use at each capacity point against the design's band (MISSION.md item 2).
+  fmt::print("  HBM use at each policy's capacity point, over the run (design band 75-90%):\n");
+  for (const auto& r : w.rows) {
+    const experiments::TrainResult* at = capacity_point(r);
+    if (!at || at->hbm_band.span_s() <= 0) continue;
+    const observe::BandReport& b = at->hbm_band;
+    fmt::print("    {:<15} mean {:>3.0f}%, peak {:>3.0f}%; {:>3.0f}% of the time in the band, {:>3.0f}% "
+               "below, {:>3.0f}% above\n",
+               r.policy, 100 * b.mean, 100 * b.peak, 100 * b.in_s / b.span_s(),
+               100 * b.below_s / b.span_s(), 100 * b.above_s / b.span_s());
+  }
   fmt::print("  smallest shape tried over the bound, per policy:\n");
   for (const auto& r : w.rows) {
     const experiments::TrainResult* first = nullptr;

@@ -16,6 +16,7 @@
 
 #include "u3m/engine/steps.hpp"
 #include "u3m/experiments/traffic_bound.hpp"
+#include "u3m/observe/fanout.hpp"
 #include "u3m/policy/tiering.hpp"
 #include "u3m/policy/u3m.hpp"
 #include "u3m/sim/cost.hpp"
@@ -111,7 +112,7 @@ struct Workload {
   trace::Trace t;
   std::vector<sim::Step> steps;
   std::unique_ptr<sim::TraceTables> tables;        // of (t, steps)
-  std::shared_ptr<predict::WindowLog> window_log;  // u3m only
+  std::shared_ptr<predict::WindowLog> window_log;  // for a policy that reads a predictor
 };
 struct Workloads {
   std::vector<std::unique_ptr<Workload>> loads;
@@ -135,7 +136,8 @@ Workloads make_workloads(const TrainScenario& s, const std::vector<CardSlot>& sl
       workload::generate_train(s.shape, x, w->t);
       w->steps = sim::build_steps(w->t);
       w->tables = std::make_unique<sim::TraceTables>(w->t, w->steps);
-      if (s.policy == "u3m") w->window_log = policy::make_window_log(w->t);
+      const std::string_view predictor = policy::find_tiering_policy(s.policy).predictor;
+      if (!predictor.empty()) w->window_log = policy::make_window_log(w->t, predictor);
       out.loads.push_back(std::move(w));
       it = out.loads.end() - 1;
     }
@@ -208,6 +210,10 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer, bool devi
   // its predictor's answers (read from the trace's shared log, Note [Shared
   // window log], which gives each reader what its own predictor would).
   std::vector<std::unique_ptr<policy::TieringPolicy>> policies;
+  observe::TierBand band;  // HBM use against the design's band, every card
+  observe::Fanout watch;
+  watch.add(&band);
+  if (s.observer) watch.add(s.observer);
   for (std::size_t c = 0; c < slots.size(); ++c) {
     const Workload& w = *load_of[c];
     policy::PolicyInputs in{.trace = w.t,
@@ -218,6 +224,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer, bool devi
                             .has_ssd = share.ssd_capacity > 0,
                             .device_home = device_home,
                             .u3m = s.u3m,
+                            .design = s.design,
                             .window_log = w.window_log};
     policies.push_back(policy::make_tiering_policy(s.policy, in));
     const policy::TieringPolicy& pol = *policies.back();
@@ -225,7 +232,7 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer, bool devi
     r.device_home = device_home;
     sim::SimOptions co = o;
     co.policy = policies.back().get();
-    co.observer = s.observer;
+    co.observer = &watch;
     co.op_time = [&pol, device_time, host_time](const trace::Op& op) {
       return pol.op_tier(op) == Tier::host ? host_time(op) : device_time(op);
     };
@@ -262,6 +269,9 @@ TrainResult simulate_once(const TrainScenario& s, bool host_optimizer, bool devi
   r.sim_card = slots[slowest].card;
   // Read after the run: the policy filled them in.
   if (const policy::U3mPolicyStats* u = policy::u3m_stats(*policies[slowest])) r.u3m_policy = *u;
+  if (const policy::DesignSeedStats* d = policy::design_seed_stats(*policies[slowest]))
+    r.design_seed = *d;
+  r.hbm_band = band.report(static_cast<int>(slots[slowest].card));
   // Infinite HBM needs no recompute: a checkpointed layer's second forward
   // (the generator's ".recompute" ops) is a price paid for memory, so it
   // counts as loss, not as ideal work. The job's ideal is its slowest card's.
@@ -617,6 +627,15 @@ void bisect(const std::vector<workload::ModelShape>& ladder, std::uint64_t pass_
 
 }  // namespace
 
+// Note [Capacity walk]
+// A policy's loss need not grow with the model: design-seed loses 8.5% at
+// 1.17 B (LoRA r=16) and 1.7% at 50.3 B, because the fixed latencies of its
+// per-op moves (Adam v read back from the SSD at every Adam op) weigh more
+// in a 0.12 s step than in a 4.4 s one. A walk that stopped at the first
+// shape beyond the bound would give it no capacity at all, so the named
+// family (about ten shapes) is walked whole and the largest shape within
+// the bound kept; only above it, between it and the next failing named
+// shape, is loss taken as monotone (the 25% ladder steps and the bisection).
 std::vector<CapacityRow> training_capacity(
     const TrainScenario& base, const std::vector<std::string>& policies, double max_loss,
     const std::function<void(const std::string&)>& progress, double resolution) {
@@ -645,15 +664,16 @@ std::vector<CapacityRow> training_capacity(
       row.tried.push_back(simulate_training(s));
       return row.tried.back();
     };
-    // Coarse: the named family upward, to the first shape beyond the bound.
+    // Coarse: every named shape, the largest within the bound kept and the
+    // first beyond it after that one (Note [Capacity walk]).
     for (const workload::ModelShape& m : llama_family()) {
       TrainResult r = run(m);
       if (within(r, max_loss)) {
         keep(m, r);
-        continue;
+        row.next_params = 0;
+      } else if (row.next_params == 0) {
+        row.next_params = r.params;
       }
-      row.next_params = r.params;
-      break;
     }
     // Past the named family: the ladder in steps of 25%.
     for (std::uint64_t q = row.max_params; row.max_params > 0 && row.next_params == 0 &&

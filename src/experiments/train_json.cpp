@@ -68,9 +68,29 @@ nlohmann::json train_result_json(const TrainResult& r) {
            {"warm", p.warm},
            {"horizon_ops", p.horizon_ops}};
   }
+  nlohmann::json design = nullptr;  // the design-seed policy's (Note [Design seed])
+  if (r.design_seed) {
+    const policy::DesignSeedStats& p = *r.design_seed;
+    design = {{"recalibrations", p.recalibrations},
+              {"heat_demotions", p.heat_demotions},
+              {"placement_demotions", p.placement_demotions},
+              {"layer_prefetches", p.layer_prefetches},
+              {"calibrated", p.calibrated},
+              {"hot", p.hot},
+              {"warm", p.warm}};
+  }
+  const observe::BandReport& b = r.hbm_band;
+  nlohmann::json series = nlohmann::json::array();
+  for (const observe::BandPoint& x : b.series)
+    series.push_back({{"t_s", x.t_s}, {"mean", x.mean}, {"max", x.max}});
+  const nlohmann::json band = {{"low", b.low},     {"high", b.high},       {"below_s", b.below_s},
+                               {"in_s", b.in_s},   {"above_s", b.above_s}, {"mean", b.mean},
+                               {"peak", b.peak},   {"series", series}};
   return {{"policy", r.policy},
           {"fits", r.fits},
           {"u3m_policy", u3m},
+          {"design_seed_policy", design},
+          {"hbm_band", band},
           {"card_model", to_string(r.card_model)},
           {"cards", cards},
           {"ssd_link", {{"bytes", r.ssd_link_bytes}, {"busy_s", r.ssd_link_busy_s}}},

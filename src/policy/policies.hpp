@@ -15,6 +15,7 @@ std::unique_ptr<TieringPolicy> make_lru(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_u3m(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_belady(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_design_seed(const PolicyInputs& in);
 
 // The design's seed placement (PlacementRules::named("design-seed")).
 const PlacementRules& seed_rules();

@@ -65,7 +65,11 @@ const std::vector<PolicyInfo>& tiering_policies() {
       {"u3m",
        "seed placement, victims by heat, prefetch of the predictor's window, recalibrated "
        "thresholds, optimizer where it is faster",
-       make_u3m, true, true, true},
+       make_u3m, true, true, true, "u3m-seq"},
+      {"design-seed",
+       "the design's policy as MISSION.md gives it: heat with refcount, thresholds 0.8/0.3 then "
+       "calibrated and recalibrated every 30 s, seed placement, design-ema prefetch",
+       make_design_seed, true, true, false, "design-ema"},
       {"belady",
        "Belady victims, a perfect 8-op lookahead and layer-ahead weight streaming from the whole "
        "trace (not a proven bound: the physical bound of train capacity is)",

@@ -21,8 +21,9 @@
 
 namespace u3m::policy {
 
-std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t) {
-  return std::make_shared<predict::WindowLog>(t, "u3m-seq");
+std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t,
+                                                    std::string_view predictor) {
+  return std::make_shared<predict::WindowLog>(t, std::string(predictor));
 }
 
 namespace {

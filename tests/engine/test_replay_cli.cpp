@@ -11,6 +11,7 @@
 
 #include "cli_testing.hpp"
 #include "mem/test_ssd_util.hpp"
+#include "u3m/policy/tiering.hpp"
 
 namespace {
 
@@ -143,12 +144,13 @@ TEST_F(ReplayCli, BadOptionsAreClearErrors) {
 // checked; the ones that may evict also under half the footprint. The pool
 // configuration reaches the device pool.
 TEST_F(ReplayCli, EveryPolicyRunsForRealAndThePoolConfigArrives) {
-  for (const char* p : {"hbm-only", "static-offload", "lru", "lookahead", "u3m", "belady"}) {
-    auto j = replay(std::string("--device-fraction 1 --policy ") + p);
+  for (const u3m::policy::PolicyInfo& info : u3m::policy::tiering_policies()) {
+    const std::string p(info.name);
+    auto j = replay("--device-fraction 1 --policy " + p);
     EXPECT_EQ(j["policy"], p);
     EXPECT_TRUE(j["ok"].get<bool>()) << p << ": " << j["first_error"];
   }
-  for (const char* p : {"lru", "lookahead", "u3m", "belady"}) {
+  for (const char* p : {"lru", "lookahead", "u3m", "design-seed", "belady"}) {
     auto j = replay(std::string("--device-fraction 0.5 --policy ") + p);
     EXPECT_TRUE(j["ok"].get<bool>()) << p << ": " << j["first_error"];
     EXPECT_GT(j["evictions"].get<std::uint64_t>(), 0u) << p;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "u3m/policy/design_seed.hpp"
 #include "u3m/policy/tiering.hpp"
 #include "u3m/policy/u3m.hpp"
 #include "u3m/predict/window_log.hpp"
@@ -126,6 +127,96 @@ TEST(TieringPolicy, OnlyU3mReportsItsCounters) {
   trace::Trace t;
   std::vector<Step> steps;
   EXPECT_EQ(u3m_stats(*make_tiering_policy("lru", {.trace = t, .steps = steps})), nullptr);
+}
+
+// The design's refcount: distinct ops by name, the same op in every
+// iteration counted once; a tensor no op names counts 1.
+TEST(DesignSeed, RefcountIsTheDistinctOpsThatReferenceATensor) {
+  trace::Trace t;
+  for (const char* n : {"w", "x", "unused"}) t.tensors.push_back({.name = n, .bytes = 1000});
+  auto op = [&t](const char* name, std::uint32_t it) {
+    t.ops.push_back({.name = name, .iteration = it});
+    return static_cast<std::uint32_t>(t.ops.size() - 1);
+  };
+  auto use = [&t](std::uint32_t o, std::uint32_t tensor) {
+    t.events.push_back({.op = o, .tensor = tensor, .kind = trace::EventKind::read});
+  };
+  for (std::uint32_t it = 0; it < 3; ++it) {
+    const std::uint32_t fwd = op("fwd", it), bwd = op("bwd", it), opt = op("step", it);
+    use(fwd, 0);
+    use(fwd, 0);  // two events of one op count once
+    use(bwd, 0);
+    use(opt, 0);
+    use(fwd, 1);
+  }
+  const std::vector<std::uint32_t> rc = op_refcounts(t);
+  ASSERT_EQ(rc.size(), 3u);
+  EXPECT_EQ(rc[0], 3u);
+  EXPECT_EQ(rc[1], 1u);
+  EXPECT_EQ(rc[2], 1u);
+}
+
+// A run of a named policy on the tiny trace, as run_u3m_on, with its
+// design-seed stats.
+struct PolicyRun {
+  sim::SimReport rep;
+  DesignSeedStats design;
+};
+PolicyRun run_policy(const std::string& name, const trace::Trace& t, double device_fraction,
+                     DesignSeedOptions design = {}) {
+  const std::vector<Step> steps = sim::build_steps(t);
+  sim::SimOptions o;
+  o.device_fraction = device_fraction;
+  o.links.links = {sim::LinkModel{5e9, 1e-6}, sim::LinkModel{5e9, 1e-6},
+                   sim::LinkModel{1e9, 20e-6}, sim::LinkModel{2e9, 20e-6}};
+  o.links.ssd_capacity = 1ull << 30;
+  o.op_time = [](const trace::Op&) { return 100e-6; };
+  PolicyInputs in{.trace = t,
+                  .steps = steps,
+                  .h2d = o.links.links[static_cast<int>(engine::Link::h2d)],
+                  .s2h = o.links.links[static_cast<int>(engine::Link::s2h)],
+                  .has_ssd = true,
+                  .design = design};
+  std::unique_ptr<TieringPolicy> pol = make_tiering_policy(name, in);
+  o.policy = pol.get();
+  PolicyRun r{sim::simulate_trace(t, steps, o), {}};
+  EXPECT_TRUE(r.rep.ok()) << name << ": " << r.rep.first_error;
+  if (const DesignSeedStats* d = design_seed_stats(*pol)) r.design = *d;
+  return r;
+}
+
+// Note [Design seed]: the seed rules place state even where everything fits
+// (Adam v on the SSD, off-path layers' parameters in DRAM), which a policy
+// that only evicts under pressure never does.
+TEST(DesignSeed, PlacesStateByTheSeedRulesEvenWhereItFits) {
+  const trace::Trace t = tiny_trace();
+  const PolicyRun d = run_policy("design-seed", t, 1.0);
+  const PolicyRun lru = run_policy("lru", t, 1.0);
+  EXPECT_GT(d.rep.peak_ssd, 0u);  // v sent to the SSD
+  EXPECT_EQ(lru.rep.peak_ssd, 0u);
+  EXPECT_GT(d.design.placement_demotions, 0u);
+  EXPECT_GT(d.design.layer_prefetches, 0u);
+  EXPECT_LT(d.rep.peak_device, lru.rep.peak_device);  // off-path layers left the device
+  EXPECT_TRUE(d.design.calibrated);
+  EXPECT_EQ(design_seed_stats(*make_tiering_policy(
+                "u3m", {.trace = t, .steps = sim::build_steps(t)})),
+            nullptr);
+}
+
+// The design's 30 s period on the driver's clock: a run shorter than it
+// never recalibrates; with a period of 1 ms, about once per ms of the run.
+TEST(DesignSeed, RecalibratesEveryPeriodOfTheDriversClock) {
+  const trace::Trace t = tiny_trace();
+  const PolicyRun slow = run_policy("design-seed", t, 0.6);
+  EXPECT_LT(double(slow.rep.total_ns) * 1e-9, 30.0);
+  EXPECT_EQ(slow.design.recalibrations, 0u);
+  const PolicyRun fast = run_policy("design-seed", t, 0.6, {.recalibrate_period_s = 1e-3});
+  const double periods = double(fast.rep.total_ns) * 1e-6;  // run length in ms
+  ASSERT_GT(periods, 5.0);
+  // Decisions come at op boundaries (100 us apart): one per period, give or take.
+  EXPECT_GE(double(fast.design.recalibrations), periods * 0.8 - 1);
+  EXPECT_LE(double(fast.design.recalibrations), periods + 1);
+  EXPECT_GT(fast.design.heat_demotions, 0u);
 }
 
 TEST(U3mPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {

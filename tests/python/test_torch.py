@@ -84,7 +84,7 @@ class OffloadTest(unittest.TestCase):
     def test_each_tiering_policy_decides_and_training_stays_bitwise(self):
         model, opt, batches = make_run()
         ref_losses = train(model, opt, batches)
-        for policy in ("u3m", "lookahead", "belady", "lru"):
+        for policy in ("u3m", "design-seed", "lookahead", "belady", "lru"):
             with self.subTest(policy=policy):
                 model, opt, batches = make_run()
                 off = ut.offload(model, opt, budget_fraction=0.3, policy=policy)

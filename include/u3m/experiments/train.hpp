@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "u3m/engine/run_observer.hpp"
+#include "u3m/observe/band.hpp"
+#include "u3m/policy/design_seed.hpp"
 #include "u3m/policy/tiering.hpp"
 #include "u3m/policy/u3m.hpp"
 #include "u3m/sim/profile.hpp"
@@ -49,6 +51,7 @@ struct TrainScenario {
   engine::RunObserver* observer = nullptr;
   CardModel card_model = CardModel::symmetric;
   policy::U3mPolicyOptions u3m{};  // the u3m policy's knobs (docs/policy.md); other policies ignore them
+  policy::DesignSeedOptions design{};  // the design-seed policy's (its 30 s period)
   // Note [One settings search] in train.cpp: true (the default), every
   // policy runs the same search over recompute depth and, where the policy
   // can run it either way, the optimizer's placement, and keeps the fastest
@@ -92,6 +95,11 @@ struct TrainResult {
   // The u3m policy's own decisions on that card (recalibrations, demotions,
   // final thresholds and window); empty for the other policies.
   std::optional<policy::U3mPolicyStats> u3m_policy;
+  // Likewise for the design-seed policy.
+  std::optional<policy::DesignSeedStats> design_seed;
+  // That card's HBM use against the design's [75%, 90%] band over the whole
+  // run (warm-up step included), with its series (Note [Band series]).
+  observe::BandReport hbm_band;
   CardModel card_model = CardModel::symmetric;
   std::vector<CardResult> cards;  // every simulated card (symmetric: one)
   // The SSD link (h2s + s2h) all cards share (separate), or the one card's

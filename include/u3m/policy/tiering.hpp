@@ -113,6 +113,12 @@ struct U3mPolicyOptions {
   JitConfig jit{};
 };
 
+// The design-seed policy's knobs (Note [Design seed] in design_seed.cpp).
+struct DesignSeedOptions {
+  // Seconds of the driver's clock between recalibrations: the design's 30 s.
+  double recalibrate_period_s = 30;
+};
+
 // What a policy may know when it is made. References: they must outlive the
 // policy.
 struct PolicyInputs {
@@ -131,14 +137,17 @@ struct PolicyInputs {
   // in DRAM. The training experiments' settings search tries both.
   bool device_home = false;
   U3mPolicyOptions u3m{};
-  // The u3m policy's predictor, shared by every policy made for this trace
+  DesignSeedOptions design{};
+  // The predictor of a policy that reads one (PolicyInfo::predictor), shared by every policy made for this trace
   // (Note [Shared window log] in predict/window_log.hpp): made with
   // make_window_log(trace). Null: the policy makes one of its own.
   std::shared_ptr<predict::WindowLog> window_log = nullptr;
 };
 
-// The window log the u3m policy reads (its predictor, u3m-seq, on `t`).
-std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t);
+// The window log a policy reads: `predictor` (a make_predictor() name; the
+// u3m policy's, u3m-seq, by default) on `t`.
+std::shared_ptr<predict::WindowLog> make_window_log(const trace::Trace& t,
+                                                    std::string_view predictor = "u3m-seq");
 
 // Note [Tiering policy]
 // A policy makes five decisions; the driver asks for them and carries them
@@ -203,6 +212,8 @@ struct PolicyInfo {
   bool device_optimizer = true, host_optimizer = true;
   // Whether it honours PolicyInputs::device_home (the search tries both).
   bool places_home = false;
+  // The predictor whose window it reads (PolicyInputs::window_log); empty: none.
+  std::string_view predictor = {};
 };
 const std::vector<PolicyInfo>& tiering_policies();
 // "hbm-only | static-offload | ...", for --help.
