@@ -36,7 +36,7 @@ namespace {
 
 struct TrainArgs {
   std::string model = "llama2-13b", hw = "ascend-910b-32g", policy = "u3m";
-  std::string policies = "hbm-only,static-offload,zero-offload,lru,u3m,design-seed,belady";
+  std::string policies = "hbm-only,static-offload,zero-offload,zero-infinity,lru,u3m,design-seed,belady";
   std::uint32_t cards = 4, steps = 3;
   workload::TrainConfig train;
   double max_loss = 0.05;

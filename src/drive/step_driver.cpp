@@ -38,10 +38,10 @@ StepDriver::~StepDriver() {
   if (o_.observer) eng_.set_observer(nullptr);
 }
 
-void StepDriver::prefetch(std::uint32_t t) {
+void StepDriver::prefetch(std::uint32_t t, Tier to) {
   if (!holds_data(t)) return;
-  record(policy::DriverCall::Kind::prefetch, t);
-  eng_.prefetch(engine_id(t), Tier::device);
+  record(policy::DriverCall::Kind::prefetch, t, to);
+  eng_.prefetch(engine_id(t), to);
 }
 
 void StepDriver::demote(std::uint32_t t, Tier from) {

@@ -96,7 +96,6 @@ class DesignSeed final : public TieringPolicy {
   }
   void enter_layer(std::int32_t layer, StepContext& ctx);
   void send_state_home(std::size_t j, StepContext& ctx);
-  void to_ssd(StepContext& ctx);
   void recalibrate(StepContext& ctx);
 
   const trace::Trace& trace_;
@@ -108,8 +107,7 @@ class DesignSeed final : public TieringPolicy {
   std::vector<std::uint8_t> in_window_;
   std::vector<std::vector<std::uint32_t>> by_layer_;  // parameters and gradients of each layer
   std::int32_t layer_ = trace::kNoLayer;
-  std::vector<std::uint32_t> ssd_pending_;  // homed on the SSD, not there yet
-  std::vector<std::uint8_t> ssd_queued_;
+  SsdHoming ssd_;  // what the rules home on the SSD (Adam v)
   bool started_ = false;
   std::uint32_t first_iteration_ = 0;
   Thresholds th_{};  // the design's 0.8 and 0.3 until calibrated
@@ -132,7 +130,6 @@ DesignSeed::DesignSeed(const PolicyInputs& in)
   const std::vector<std::uint32_t> refs = op_refcounts(t);
   in_window_.assign(t.tensors.size(), 0);
   stamp_.assign(t.tensors.size(), 0);
-  ssd_queued_.assign(t.tensors.size(), 0);
   for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
     const trace::Tensor& x = t.tensors[i];
     heat_.set_tensor(i, x.bytes, refs[i]);
@@ -187,34 +184,8 @@ void DesignSeed::send_state_home(std::size_t j, StepContext& ctx) {
     const trace::Tensor& x = trace_.tensors[t.tensor];
     if (!optimizer_role(x.role)) continue;
     if (send_down(t.tensor, Tier::device, ctx)) ++stats_.placement_demotions;
-    if (seed_rules().home(x.role, x.layer, layer_) == Tier::ssd && has_ssd_ &&
-        !ssd_queued_[t.tensor]) {
-      ssd_queued_[t.tensor] = 1;
-      ssd_pending_.push_back(t.tensor);
-    }
+    if (seed_rules().home(x.role, x.layer, layer_) == Tier::ssd && has_ssd_) ssd_.queue(t.tensor);
   }
-}
-
-// What rests on the SSD by the rules and sits in DRAM: on to the SSD, once
-// its move off the device (if any) is done.
-void DesignSeed::to_ssd(StepContext& ctx) {
-  std::size_t keep = 0;
-  for (std::uint32_t t : ssd_pending_) {
-    const auto r = ctx.engine().residency(StepContext::engine_id(t));
-    const bool done = !r || r->valid[static_cast<int>(Tier::ssd)] ||
-                      (!r->valid[0] && !r->valid[1]);  // no data: nothing to send
-    if (done) {
-      ssd_queued_[t] = 0;
-      continue;
-    }
-    if (!r->valid[static_cast<int>(Tier::device)] && send_down(t, Tier::host, ctx)) {
-      ++stats_.placement_demotions;
-      ssd_queued_[t] = 0;
-      continue;
-    }
-    ssd_pending_[keep++] = t;  // on the device, in use or moving: later
-  }
-  ssd_pending_.resize(keep);
 }
 
 void DesignSeed::on_step(std::size_t j, StepContext& ctx) {
@@ -227,10 +198,8 @@ void DesignSeed::on_step(std::size_t j, StepContext& ctx) {
     if (has_ssd_)  // loaded state the rules home on the SSD was created in DRAM
       for (std::uint32_t i = 0; i < trace_.tensors.size(); ++i)
         if (seed_rules().home(trace_.tensors[i].role, trace_.tensors[i].layer, trace::kNoLayer) ==
-            Tier::ssd) {
-          ssd_queued_[i] = 1;
-          ssd_pending_.push_back(i);
-        }
+            Tier::ssd)
+          ssd_.queue(i);
   } else if (!stats_.calibrated && op.iteration != first_iteration_) {
     // The first iteration is the profile: every tensor used at its steady rate.
     stats_.calibrated = true;
@@ -268,7 +237,7 @@ void DesignSeed::on_step(std::size_t j, StepContext& ctx) {
   }
   if (op.layer != trace::kNoLayer && op.layer != layer_) enter_layer(op.layer, ctx);
   send_state_home(j, ctx);
-  to_ssd(ctx);
+  stats_.placement_demotions += ssd_.pass(ctx, &in_window_);
   if (now >= rc_.last_ns + rc_.period_ns) recalibrate(ctx);
   stats_.hot = th_.hot;
   stats_.warm = th_.warm;

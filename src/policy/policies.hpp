@@ -11,6 +11,7 @@ namespace u3m::policy {
 std::unique_ptr<TieringPolicy> make_hbm_only(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_static_offload(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_zero_offload(const PolicyInputs& in);
+std::unique_ptr<TieringPolicy> make_zero_infinity(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lru(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_lookahead(const PolicyInputs& in);
 std::unique_ptr<TieringPolicy> make_u3m(const PolicyInputs& in);
@@ -25,6 +26,22 @@ Tier seed_home(const trace::Tensor& x);
 // seed_home, or with PolicyInputs::device_home the device, except the state
 // a host optimizer works on (DRAM).
 Tier tiered_home(const trace::Tensor& x, bool device_home, bool host_optimizer);
+
+// State a policy rests on the SSD (Adam v for design-seed, the optimizer
+// state for zero-infinity): queued when it is used, then sent on from DRAM
+// once it is off the device, idle and not on the SSD already (the engine
+// creates and fetches into memory, so the SSD is reached in two moves).
+class SsdHoming {
+ public:
+  void queue(std::uint32_t tensor);  // again while queued: no-op
+  // Sends what is ready, except tensors with hold[t] set (null: none);
+  // returns how many it sent. What is not ready stays queued.
+  std::size_t pass(StepContext& ctx, const std::vector<std::uint8_t>* hold = nullptr);
+
+ private:
+  std::vector<std::uint32_t> pending_;
+  std::vector<std::uint8_t> queued_;
+};
 
 // Note [Layer-ahead streaming] in u3m.cpp: by step, the next ZeRO-3 gather
 // step (SIZE_MAX: none); and at a gather step, the prefetch of the weight

@@ -55,6 +55,10 @@ const std::vector<PolicyInfo>& tiering_policies() {
        "ZeRO-Offload: as static-offload, and gradients leave the device for the host as "
        "backward produces them (DeepSpeed's offload_optimizer)",
        make_zero_offload, false, true},
+      {"zero-infinity",
+       "ZeRO-Infinity: as zero-offload, with the optimizer state (master, m, v) resting on the "
+       "NVMe SSD, read into DRAM 4 ops ahead of each host Adam step and written back after it",
+       make_zero_infinity, false, true},
       {"lru",
        "seed placement, least recently used evicted first, demand fetches only; the optimizer "
        "on the device or the host",

@@ -20,9 +20,10 @@ class PolicyDriver::Context final : public policy::StepContext {
   Tier step_tier(std::size_t step) const override {
     return d_.policy_->op_tier(d_.trace_.ops[d_.steps_[step].op]);
   }
-  void prefetch(std::uint32_t t) override {
+  using policy::StepContext::prefetch;
+  void prefetch(std::uint32_t t, Tier to) override {
     // The engine skips a tensor with no data or already there.
-    if (d_.live_[t]) d_.eng_.prefetch(engine_id(t), Tier::device);
+    if (d_.live_[t]) d_.eng_.prefetch(engine_id(t), to);
   }
   void demote(std::uint32_t t, Tier from) override {
     if (d_.live_[t]) d_.eng_.evict(engine_id(t), from);

@@ -152,8 +152,8 @@ TEST(TrainCapacity, U3mLeadsTheBaselinesAndNothingPassesTheBounds) {
   s.cards = 4;
   s.train.seq_len = 512;
   s.train.lora_rank = 16;
-  const std::vector<std::string> pols = {"hbm-only", "static-offload", "zero-offload", "lru",
-                                         "u3m",      "design-seed",    "belady"};
+  const std::vector<std::string> pols = {"hbm-only", "static-offload", "zero-offload",
+                                         "zero-infinity", "lru", "u3m", "design-seed", "belady"};
   const auto rows = training_capacity(s, pols, 0.05, {}, 0.05);
   ASSERT_EQ(rows.size(), pols.size());
   std::map<std::string, CapacityRow> by;

@@ -219,6 +219,28 @@ TEST(DesignSeed, RecalibratesEveryPeriodOfTheDriversClock) {
   EXPECT_GT(fast.design.heat_demotions, 0u);
 }
 
+// Note [ZeRO-Infinity]: the optimizer state rests on the SSD and each host
+// Adam step finds it in DRAM, read ahead; zero-offload never touches the SSD.
+TEST(ZeroInfinity, OptimizerStateRestsOnTheSsdAndIsReadAhead) {
+  const trace::Trace t = tiny_trace();
+  const PolicyRun inf = run_policy("zero-infinity", t, 1.0);
+  const PolicyRun off = run_policy("zero-offload", t, 1.0);
+  auto link = [](const PolicyRun& r, engine::Link l) {
+    return r.rep.links[static_cast<int>(l)].bytes;
+  };
+  EXPECT_EQ(link(off, engine::Link::h2s) + link(off, engine::Link::s2h), 0u);
+  EXPECT_GT(inf.rep.peak_ssd, 0u);
+  // Every step after the first reads the state back and writes it again.
+  std::uint64_t state = 0;
+  for (const trace::Tensor& x : t.tensors)
+    if (optimizer_role(x.role)) state += x.bytes;
+  EXPECT_GE(link(inf, engine::Link::s2h), state);
+  EXPECT_GE(link(inf, engine::Link::h2s), 2 * state);
+  // The reads were prefetches that the Adam steps then hit.
+  EXPECT_GT(inf.rep.engine.prefetch_hits, 0u);
+  EXPECT_GT(inf.rep.engine.prefetch_hits, off.rep.engine.prefetch_hits);
+}
+
 TEST(U3mPolicy, RecalibrationCalibratesAfterTheFirstIterationAndDemotes) {
   U3mPolicyOptions on;
   on.jit_prefetch = false;  // the recalibration alone

@@ -165,7 +165,8 @@ class StepDriver final : public policy::StepContext {
   Tier step_tier(std::size_t step) const override {
     return policy_.op_tier(trace_.ops[steps_[step].op]);
   }
-  void prefetch(std::uint32_t tensor) override;
+  using policy::StepContext::prefetch;
+  void prefetch(std::uint32_t tensor, Tier to) override;
   void demote(std::uint32_t tensor, Tier from) override;
   void publish(std::span<const engine::Engine::ScoreUpdate> scores) override;
 

@@ -46,9 +46,11 @@ class StepContext {
   // The id the engine knows tensor `tensor` (an index into Trace::tensors) by.
   static engine::TensorId engine_id(std::uint32_t tensor) { return engine::TensorId{tensor} + 1; }
   static std::uint32_t tensor_of(engine::TensorId id) { return static_cast<std::uint32_t>(id - 1); }
-  // Brings the tensor's data to the device at prefetch priority; no-op for a
-  // tensor that holds no data now (never written, or freed).
-  virtual void prefetch(std::uint32_t tensor) = 0;
+  // Brings the tensor's data to `to` (the device, or DRAM for a host op) at
+  // prefetch priority; no-op for a tensor that holds no data now (never
+  // written, or freed).
+  virtual void prefetch(std::uint32_t tensor, Tier to) = 0;
+  void prefetch(std::uint32_t tensor) { prefetch(tensor, Tier::device); }
   // Moves the tensor's data out of `from` (to the next tier down, at
   // write-back priority); no-op for a tensor that holds no data.
   virtual void demote(std::uint32_t tensor, Tier from) = 0;
@@ -75,7 +77,7 @@ struct DriverCall {
   Kind kind = Kind::acquire;
   std::uint32_t step = 0;
   std::uint32_t tensor = 0;
-  Tier tier = Tier::device;  // acquire: the tier asked for; demote: the tier left
+  Tier tier = Tier::device;  // acquire, prefetch: the tier asked for; demote: the tier left
   bool write = false;        // acquire: a write lease
   double score = 0;          // publish: the device score published
   bool operator==(const DriverCall&) const = default;
