@@ -237,7 +237,8 @@ ReplayReport replay_trace(const trace::Trace& trace, const ReplayOptions& o,
        .s2h = {},
        .has_ssd = !o.ssd_dir.empty(),
        .lookahead = o.lookahead,
-       .u3m = o.u3m},
+       .u3m = o.u3m,
+       .design = o.design},
       "policy");
   engine.set_victim_order(pol->victim_order());
 

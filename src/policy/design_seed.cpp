@@ -89,11 +89,6 @@ class DesignSeed final : public TieringPolicy {
   // Demotes `t` out of `from` unless it is in use, moving, expected soon or
   // not there; true if asked.
   bool send_down(std::uint32_t t, Tier from, StepContext& ctx);
-  void changed(std::uint32_t t) {
-    if (stamp_[t] == step_stamp_) return;
-    stamp_[t] = step_stamp_;
-    changed_.push_back(t);
-  }
   void enter_layer(std::int32_t layer, StepContext& ctx);
   void send_state_home(std::size_t j, StepContext& ctx);
   void recalibrate(StepContext& ctx);
@@ -113,23 +108,22 @@ class DesignSeed final : public TieringPolicy {
   Thresholds th_{};  // the design's 0.8 and 0.3 until calibrated
   Recalibrator rc_;
   DesignSeedStats stats_;
-  std::vector<std::uint32_t> changed_;
-  std::vector<std::uint64_t> stamp_;
-  std::uint64_t step_stamp_ = 1;
-  std::vector<engine::Engine::ScoreUpdate> updates_;
+  ChangedScores changed_;
 };
 
 DesignSeed::DesignSeed(const PolicyInputs& in)
     : trace_(in.trace), host_optimizer_(in.host_optimizer), has_ssd_(in.has_ssd) {
   const trace::Trace& t = in.trace;
-  auto log = in.window_log ? in.window_log : make_window_log(t, "design-ema");
+  // The shared log (PolicyInfo::predictor's), unless the options chose another predictor.
+  auto log = in.window_log && in.window_log->predictor() == in.design.predictor
+                 ? in.window_log
+                 : make_window_log(t, in.design.predictor);
   if (&log->feed().trace() != &t)
     throw std::logic_error("design-seed policy: the window log is of another trace");
   feed_ = &log->feed();
   window_.emplace(std::move(log));
   const std::vector<std::uint32_t> refs = op_refcounts(t);
   in_window_.assign(t.tensors.size(), 0);
-  stamp_.assign(t.tensors.size(), 0);
   for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
     const trace::Tensor& x = t.tensors[i];
     heat_.set_tensor(i, x.bytes, refs[i]);
@@ -216,20 +210,13 @@ void DesignSeed::on_step(std::size_t j, StepContext& ctx) {
     const trace::Event& ev = trace_.events[e];
     if (predict::is_access(ev.kind)) {
       heat_.access(ev.tensor, now);
-      changed(ev.tensor);
+      changed_.mark(ev.tensor);
     }
   }
   const predict::WindowLog::Delta d = window_->step(j, kHorizonOps, now);
   for (std::uint32_t x : d.left) in_window_[x] = 0;
   for (const predict::Predicted& x : d.entered) in_window_[x.tensor] = 1;
-  updates_.clear();
-  for (std::uint32_t t : changed_) {
-    const double k = heat_.order_key(t);
-    updates_.push_back({StepContext::engine_id(t), {k, k}});
-  }
-  changed_.clear();
-  ++step_stamp_;
-  ctx.publish(updates_);
+  changed_.publish(ctx, [this](std::uint32_t t) { return heat_.order_key(t); });
   for (const predict::Predicted& x : d.entered) {
     // State a host optimizer works on stays in its tiers.
     if (host_optimizer_ && optimizer_role(trace_.tensors[x.tensor].role)) continue;

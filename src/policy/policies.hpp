@@ -27,6 +27,37 @@ Tier seed_home(const trace::Tensor& x);
 // a host optimizer works on (DRAM).
 Tier tiered_home(const trace::Tensor& x, bool device_home, bool host_optimizer);
 
+// The tensors whose victim score changed during a step, each once, and
+// their publication after it (Note [Published victim scores] in
+// engine.hpp): a score is a key the policy computes, published for the
+// device and the host copy alike.
+class ChangedScores {
+ public:
+  void mark(std::uint32_t t) {
+    if (stamp_.size() <= t) stamp_.resize(static_cast<std::size_t>(t) + 1, 0);
+    if (stamp_[t] == step_) return;
+    stamp_[t] = step_;
+    changed_.push_back(t);
+  }
+  template <class Score>
+  void publish(StepContext& ctx, Score score) {
+    updates_.clear();
+    for (std::uint32_t t : changed_) {
+      const double s = score(t);
+      updates_.push_back({StepContext::engine_id(t), {s, s}});
+    }
+    changed_.clear();
+    ++step_;
+    ctx.publish(updates_);
+  }
+
+ private:
+  std::vector<std::uint32_t> changed_;
+  std::vector<std::uint64_t> stamp_;
+  std::uint64_t step_ = 1;
+  std::vector<engine::Engine::ScoreUpdate> updates_;
+};
+
 // State a policy rests on the SSD (Adam v for design-seed, the optimizer
 // state for zero-infinity): queued when it is used, then sent on from DRAM
 // once it is off the device, idle and not on the SSD already (the engine

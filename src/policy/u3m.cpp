@@ -104,11 +104,7 @@ class U3mPolicy final : public TieringPolicy {
     // too (keys are within +-1e6: log of count x scale, plus seconds / window).
     return in_window[t] ? kInWindow + (std::isfinite(k) ? k : -1e9) : k;
   }
-  void changed(std::uint32_t t) {
-    if (changed_stamp_[t] == step_stamp_) return;
-    changed_stamp_[t] = step_stamp_;
-    changed_.push_back(t);
-  }
+  void changed(std::uint32_t t) { changed_.mark(t); }
   void publish(StepContext& ctx);
   bool holds_host_state(const trace::Tensor& x) const {
     return host_optimizer && optimizer_role(x.role);
@@ -150,10 +146,7 @@ class U3mPolicy final : public TieringPolicy {
   U3mPolicyStats stats_;
 
   // Scores to publish after this step.
-  std::vector<std::uint32_t> changed_;
-  std::vector<std::uint64_t> changed_stamp_;
-  std::uint64_t step_stamp_ = 1;
-  std::vector<engine::Engine::ScoreUpdate> updates_;
+  ChangedScores changed_;
   // Layer-ahead streaming: by step, the next gather step (SIZE_MAX: none).
   std::vector<std::size_t> next_gather_;
 };
@@ -172,7 +165,6 @@ U3mPolicy::U3mPolicy(const PolicyInputs& in)
   feed = &log->feed();
   window.emplace(std::move(log));
   in_window.assign(t.tensors.size(), 0);
-  changed_stamp_.assign(t.tensors.size(), 0);
   if (opt.stream_layer_ahead) next_gather_ = next_gathers(t, in.steps);
   for (std::uint32_t i = 0; i < t.tensors.size(); ++i) {
     const trace::Tensor& x = t.tensors[i];
@@ -188,14 +180,7 @@ U3mPolicy::U3mPolicy(const PolicyInputs& in)
 }
 
 void U3mPolicy::publish(StepContext& ctx) {
-  updates_.clear();
-  for (std::uint32_t t : changed_) {
-    const double s = score(t);
-    updates_.push_back({StepContext::engine_id(t), {s, s}});
-  }
-  changed_.clear();
-  ++step_stamp_;
-  ctx.publish(updates_);
+  changed_.publish(ctx, [this](std::uint32_t t) { return score(t); });
 }
 
 void U3mPolicy::on_step(std::size_t j, StepContext& ctx) {

@@ -35,6 +35,13 @@ std::string describe(const DriverCall& c) {
 // The u3m policy with only its clock-free decisions: recalibration (a period
 // of the driver's clock) and just-in-time prefetch (link times against op
 // times) read the clock, which the two drivers do not share.
+// design-seed likewise: its prefetch window from the clock-free default
+// predictor instead of the design's EMA, whose answers follow event times.
+policy::DesignSeedOptions design_clock_free() {
+  policy::DesignSeedOptions o;
+  o.predictor = "u3m";
+  return o;
+}
 policy::U3mPolicyOptions clock_free() {
   policy::U3mPolicyOptions o;
   o.recalibrate = false;
@@ -91,7 +98,8 @@ std::unique_ptr<Runs> run_both(const trace::Trace& t, const std::string& name,
                                                 .h2d = pcie,
                                                 .s2h = {},
                                                 .has_ssd = false,
-                                                .u3m = clock_free()});
+                                                .u3m = clock_free(),
+                                                .design = design_clock_free()});
   so.policy = pol.get();
   so.log = &r.sim;
   so.observer = &r.sim_ops;
@@ -104,15 +112,17 @@ std::unique_ptr<Runs> run_both(const trace::Trace& t, const std::string& name,
   ro.device_fraction = device_fraction;
   ro.policy = name;
   ro.u3m = clock_free();
+  ro.design = design_clock_free();
   ro.log = &r.real;
   ro.observer = &r.real_ops;
   const ReplayReport rr = replay_trace(t, ro);
   r.real_ok = rr.ok();
   r.real_error = rr.first_error;
   EXPECT_EQ(rr.mismatches, 0u);
-  // u3m publishes heat keys of each driver's clock: its calls are compared,
-  // not the values; every other policy's scores are exact on both sides.
-  if (name == "u3m") {
+  // u3m and design-seed publish heat keys of each driver's clock: their
+  // calls are compared, not the values; every other policy's scores are
+  // exact on both sides.
+  if (name == "u3m" || name == "design-seed") {
     r.sim = policy::without_scores(std::move(r.sim));
     r.real = policy::without_scores(std::move(r.real));
   }

@@ -42,11 +42,14 @@ TEST(TieringPolicy, EveryRegisteredPolicyIsMadeUnderItsName) {
 }
 
 // A 3-step tiny-mha training trace with "HBM" a fraction of its footprint, 100 us
-// per op, with the host link at `h2d_bw` bytes/s (simulated).
-struct U3mRun {
+// per op, with the host link at `h2d_bw` bytes/s (simulated), under the
+// policy `name`; with its u3m or design-seed stats.
+struct PolicyRun {
   sim::SimReport rep;
-  U3mPolicyStats stats;
+  U3mPolicyStats stats;   // u3m
+  DesignSeedStats design;  // design-seed
 };
+using U3mRun = PolicyRun;
 trace::Trace tiny_trace() {
   workload::TrainConfig cfg;
   cfg.steps = 3;
@@ -56,8 +59,10 @@ trace::Trace tiny_trace() {
   return t;
 }
 // `log`: the policy's shared window log (null: its own).
-U3mRun run_u3m_on(const trace::Trace& t, const U3mPolicyOptions& opt, double device_fraction,
-                  double h2d_bw, std::shared_ptr<predict::WindowLog> log = nullptr) {
+PolicyRun run_policy(const std::string& name, const trace::Trace& t, double device_fraction,
+                     double h2d_bw = 5e9, const U3mPolicyOptions& opt = {},
+                     DesignSeedOptions design = {},
+                     std::shared_ptr<predict::WindowLog> log = nullptr) {
   const std::vector<Step> steps = sim::build_steps(t);
   sim::SimOptions o;
   o.device_fraction = device_fraction;
@@ -71,14 +76,21 @@ U3mRun run_u3m_on(const trace::Trace& t, const U3mPolicyOptions& opt, double dev
                   .s2h = o.links.links[static_cast<int>(engine::Link::s2h)],
                   .has_ssd = true,
                   .u3m = opt,
+                  .design = design,
                   .window_log = std::move(log)};
-  std::unique_ptr<TieringPolicy> pol = make_tiering_policy("u3m", in);
-  EXPECT_NE(u3m_stats(*pol), nullptr);
+  std::unique_ptr<TieringPolicy> pol = make_tiering_policy(name, in);
   o.policy = pol.get();
-  U3mRun r{sim::simulate_trace(t, steps, o), {}};
-  EXPECT_TRUE(r.rep.ok()) << r.rep.first_error;
-  r.stats = *u3m_stats(*pol);
+  PolicyRun r{sim::simulate_trace(t, steps, o), {}, {}};
+  EXPECT_TRUE(r.rep.ok()) << name << ": " << r.rep.first_error;
+  if (const U3mPolicyStats* u = u3m_stats(*pol)) r.stats = *u;
+  if (const DesignSeedStats* d = design_seed_stats(*pol)) r.design = *d;
+  EXPECT_EQ(u3m_stats(*pol) != nullptr, name == "u3m");
+  EXPECT_EQ(design_seed_stats(*pol) != nullptr, name == "design-seed");
   return r;
+}
+U3mRun run_u3m_on(const trace::Trace& t, const U3mPolicyOptions& opt, double device_fraction,
+                  double h2d_bw, std::shared_ptr<predict::WindowLog> log = nullptr) {
+  return run_policy("u3m", t, device_fraction, h2d_bw, opt, {}, std::move(log));
 }
 U3mRun run_u3m(const U3mPolicyOptions& opt, double device_fraction, double h2d_bw) {
   return run_u3m_on(tiny_trace(), opt, device_fraction, h2d_bw);
@@ -156,35 +168,6 @@ TEST(DesignSeed, RefcountIsTheDistinctOpsThatReferenceATensor) {
   EXPECT_EQ(rc[2], 1u);
 }
 
-// A run of a named policy on the tiny trace, as run_u3m_on, with its
-// design-seed stats.
-struct PolicyRun {
-  sim::SimReport rep;
-  DesignSeedStats design;
-};
-PolicyRun run_policy(const std::string& name, const trace::Trace& t, double device_fraction,
-                     DesignSeedOptions design = {}) {
-  const std::vector<Step> steps = sim::build_steps(t);
-  sim::SimOptions o;
-  o.device_fraction = device_fraction;
-  o.links.links = {sim::LinkModel{5e9, 1e-6}, sim::LinkModel{5e9, 1e-6},
-                   sim::LinkModel{1e9, 20e-6}, sim::LinkModel{2e9, 20e-6}};
-  o.links.ssd_capacity = 1ull << 30;
-  o.op_time = [](const trace::Op&) { return 100e-6; };
-  PolicyInputs in{.trace = t,
-                  .steps = steps,
-                  .h2d = o.links.links[static_cast<int>(engine::Link::h2d)],
-                  .s2h = o.links.links[static_cast<int>(engine::Link::s2h)],
-                  .has_ssd = true,
-                  .design = design};
-  std::unique_ptr<TieringPolicy> pol = make_tiering_policy(name, in);
-  o.policy = pol.get();
-  PolicyRun r{sim::simulate_trace(t, steps, o), {}};
-  EXPECT_TRUE(r.rep.ok()) << name << ": " << r.rep.first_error;
-  if (const DesignSeedStats* d = design_seed_stats(*pol)) r.design = *d;
-  return r;
-}
-
 // Note [Design seed]: the seed rules place state even where everything fits
 // (Adam v on the SSD, off-path layers' parameters in DRAM), which a policy
 // that only evicts under pressure never does.
@@ -210,7 +193,7 @@ TEST(DesignSeed, RecalibratesEveryPeriodOfTheDriversClock) {
   const PolicyRun slow = run_policy("design-seed", t, 0.6);
   EXPECT_LT(double(slow.rep.total_ns) * 1e-9, 30.0);
   EXPECT_EQ(slow.design.recalibrations, 0u);
-  const PolicyRun fast = run_policy("design-seed", t, 0.6, {.recalibrate_period_s = 1e-3});
+  const PolicyRun fast = run_policy("design-seed", t, 0.6, 5e9, {}, {.recalibrate_period_s = 1e-3});
   const double periods = double(fast.rep.total_ns) * 1e-6;  // run length in ms
   ASSERT_GT(periods, 5.0);
   // Decisions come at op boundaries (100 us apart): one per period, give or take.

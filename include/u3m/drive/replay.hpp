@@ -41,6 +41,7 @@ struct ReplayOptions {
   unsigned lookahead = 4;
   bool host_optimizer = false;  // u3m and belady: optimizer steps on the host tier
   policy::U3mPolicyOptions u3m{};
+  policy::DesignSeedOptions design{};  // the design-seed policy's knobs
   // Appends what the replay asks of the engine (Note [Driver calls] in
   // policy/tiering.hpp); null = nothing recorded.
   policy::DriverLog* log = nullptr;

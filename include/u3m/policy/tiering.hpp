@@ -119,6 +119,9 @@ struct U3mPolicyOptions {
 struct DesignSeedOptions {
   // Seconds of the driver's clock between recalibrations: the design's 30 s.
   double recalibrate_period_s = 30;
+  // The predictor whose window it prefetches (a make_predictor() name): the
+  // design's per-class EMA. Its answers follow the driver's clock.
+  std::string predictor = "design-ema";
 };
 
 // What a policy may know when it is made. References: they must outlive the

@@ -36,6 +36,7 @@ class WindowLog {
   WindowLog& operator=(const WindowLog&) = delete;
 
   const TraceFeed& feed() const { return feed_; }
+  const std::string& predictor() const { return name_; }
   // Predictor calls computed (not replayed) so far, by the log and by forks.
   std::uint64_t computed() const { return computed_; }
 
