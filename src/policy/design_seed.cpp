@@ -65,8 +65,9 @@ namespace {
 //  * eviction in ascending heat above 90% of HBM: the engine's high
 //    watermark, with heat as the published victim score.
 // The design says nothing of where the Adam step runs; the settings search
-// tries both, as for every policy. Moves never touch a tensor in use or in
-// flight, nor one the predictor expects within its window.
+// tries both, as for every policy. Moves are asked from the policy's own
+// state (the engine leaves a copy in use, moving or absent as it is), never
+// for a tensor the predictor expects within its window.
 constexpr double kHorizonOps = 16;
 
 class DesignSeed final : public TieringPolicy {
@@ -137,12 +138,11 @@ DesignSeed::DesignSeed(const PolicyInputs& in)
   stats_.warm = th_.warm;
 }
 
+// Decided from the policy's own state only, never from residency (which
+// follows the clock): the engine leaves a copy that is in use, moving or not
+// there as it is.
 bool DesignSeed::send_down(std::uint32_t t, Tier from, StepContext& ctx) {
-  if (in_window_[t]) return false;
-  const auto r = ctx.engine().residency(StepContext::engine_id(t));
-  if (!r || r->in_flight || r->readers > 0 || r->writer) return false;
-  if (!r->valid[static_cast<int>(from)]) return false;
-  if (from == Tier::host && (r->valid[static_cast<int>(Tier::ssd)] || !has_ssd_)) return false;
+  if (in_window_[t] || (from == Tier::host && !has_ssd_)) return false;
   ctx.demote(t, from);
   return true;
 }
@@ -239,10 +239,11 @@ void DesignSeed::recalibrate(StepContext& ctx) {
   rc_.last_ns = now;
   ++stats_.recalibrations;
   for (std::uint32_t i = 0; i < trace_.tensors.size(); ++i) {
-    if (heat_.peak(i) > th_.hot && th_.tier_for(heat_.heat(i, now)) == Tier::device) continue;
     const Tier want = th_.tier_for(heat_.heat(i, now));
-    if (send_down(i, Tier::device, ctx) || (want == Tier::ssd && send_down(i, Tier::host, ctx)))
-      ++stats_.heat_demotions;
+    if (want == Tier::device) continue;
+    bool asked = send_down(i, Tier::device, ctx);
+    if (want == Tier::ssd) asked = send_down(i, Tier::host, ctx) || asked;
+    if (asked) ++stats_.heat_demotions;
   }
 }
 

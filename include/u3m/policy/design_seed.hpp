@@ -14,7 +14,7 @@ namespace u3m::policy {
 struct DesignSeedStats {
   std::uint64_t recalibrations = 0;       // threshold checks, every period of the driver's clock
   std::uint64_t heat_demotions = 0;       // colder than its tier at a recalibration
-  std::uint64_t placement_demotions = 0;  // off-path parameters, gradients and Adam state sent home
+  std::uint64_t placement_demotions = 0;  // off-path parameters, gradients and Adam state sent home (asked)
   std::uint64_t layer_prefetches = 0;     // the current layer's parameters brought in
   double hot = 0.8, warm = 0.3;           // the thresholds at the end
   bool calibrated = false;                // the profile's binary search ran
