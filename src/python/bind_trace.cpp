@@ -9,10 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "bindings.hpp"
+#include "u3m/experiments/offload_check.hpp"
 #include "u3m/experiments/train.hpp"
 #include "u3m/experiments/train_json.hpp"
+#include "u3m/policy/tiering.hpp"
 #include "u3m/predict/eval.hpp"
 #include "u3m/predict/predictor.hpp"
+#include "u3m/sim/calibrate.hpp"
 #include "u3m/sim/profile.hpp"
 #include "u3m/trace/io.hpp"
 #include "u3m/trace/model.hpp"
@@ -179,6 +182,76 @@ void bind_trace(py::module_& m) {
       "Scores a predictor on a trace (docs/prediction.md, 'Metrics'); what `u3m predict eval` "
       "reports for one predictor.");
 
+  m.def(
+      "simulate_offload",
+      [](const trace::Trace& t, const std::string& hw, std::uint64_t budget_bytes,
+         const std::string& policy, unsigned lookahead, std::uint64_t host_bytes,
+         double access_overhead_s) {
+        experiments::OffloadSimOptions o;
+        o.access_overhead_s = access_overhead_s;
+        o.budget_bytes = budget_bytes;
+        o.host_bytes = host_bytes;
+        o.policy = policy;
+        o.lookahead = lookahead;
+        const sim::HwProfile prof = sim::load_profile(hw);
+        experiments::OffloadSim r;
+        {
+          py::gil_scoped_release nogil;
+          r = experiments::simulate_offload(t, prof, o);
+        }
+        const auto link = [&](engine::Link l) { return r.report.links[static_cast<int>(l)].bytes; };
+        nlohmann::json j = {
+            {"label", fmt::format("simulated with profile '{}', policy {}, u3m.torch.offload's view "
+                                  "of the trace (Note [Offload view])",
+                                  prof.name, policy)},
+            {"ok", r.report.ok()},
+            {"first_error", r.report.first_error},
+            {"step_s", r.step_s},
+            {"compute_step_s", r.compute_step_s},
+            {"captured_compute_step_s", r.captured_compute_step_s},
+            {"managed_bytes", r.managed_bytes},
+            {"device_budget", r.report.device_budget},
+            {"ops", r.ops},
+            {"copy_ops", r.copy_ops},
+            {"stall_s", double(r.report.stall_ns) * 1e-9},
+            {"h2d_bytes", link(engine::Link::h2d)},
+            {"d2h_bytes", link(engine::Link::d2h)},
+            {"evictions", r.report.engine.evictions},
+            {"peak_device", r.report.peak_device}};
+        return to_python(j);
+      },
+      py::arg("trace"), py::arg("hw"), py::arg("budget_bytes"), py::arg("policy") = "u3m",
+      py::arg("lookahead") = 16, py::arg("host_bytes") = 0, py::arg("access_overhead_s") = -1.0,
+      "The simulated side of the PyTorch sim-versus-real check: a trace captured by "
+      "u3m.torch.capture, run as u3m.torch.offload runs it, on a hardware profile (name or "
+      "TOML path) at the offload's device budget. Figures are simulated, never measured.");
+  m.def(
+      "calibrate_profile",
+      [](double seconds, const std::string& dir, const std::string& host, const std::string& date) {
+        sim::CalibrateOptions o;
+        o.seconds = seconds;
+        o.seconds_flag = "seconds";
+        o.dir = dir;
+        o.host = host;
+        o.date = date;
+        std::string text;
+        {
+          py::gil_scoped_release nogil;
+          text = sim::to_toml(sim::profile_from_measurements(sim::measure_machine(o), o));
+        }
+        return text;
+      },
+      py::arg("seconds") = 3.0, py::arg("dir") = "/var/tmp", py::arg("host") = "this machine",
+      py::arg("date") = "",
+      "What `u3m hw calibrate` measures and writes: this machine's 'local' profile as TOML text.");
+  m.def(
+      "tiering_policy_names",
+      [] {
+        std::vector<std::string> v;
+        for (const policy::PolicyInfo& p : policy::tiering_policies()) v.emplace_back(p.name);
+        return v;
+      },
+      "Names u3m.torch.offload's policy= and simulate_offload accept.");
   m.def("train_policy_names", &experiments::train_policy_names);
   m.def(
       "simulate_training",
