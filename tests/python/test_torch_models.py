@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 import u3m.torch as ut
 from u3m_capture.model import Decoder, ModelConfig, lm_loss
+from u3m_capture.train_cases import LoRALinear
 
 BUDGETS = (0.5, 0.3)
 D, V, T, B = 32, 48, 12, 3  # model width, vocabulary, sequence, batch: tiny, so the test is fast
@@ -88,20 +89,6 @@ class CNN(nn.Module):
 
     def forward(self, x):
         return self.fc(self.body(x))
-
-
-class LoRALinear(nn.Module):
-    """A frozen base nn.Linear plus a trainable low-rank update (B starts at zero)."""
-
-    def __init__(self, base: nn.Linear, rank=4):
-        super().__init__()
-        self.base = base
-        base.weight.requires_grad_(False)
-        self.a = nn.Parameter(torch.randn(rank, base.in_features) * 0.1)
-        self.b = nn.Parameter(torch.zeros(base.out_features, rank))
-
-    def forward(self, x):
-        return self.base(x) + F.linear(F.linear(x, self.a), self.b)
 
 
 def lm_step_loss(model, batch):
