@@ -197,14 +197,7 @@ void DesignSeed::on_step(std::size_t j, StepContext& ctx) {
   } else if (!stats_.calibrated && op.iteration != first_iteration_) {
     // The first iteration is the profile: every tensor used at its steady rate.
     stats_.calibrated = true;
-    const engine::Engine& eng = ctx.engine();
-    std::vector<HeatSample> samples;
-    for (std::uint32_t i = 0; i < trace_.tensors.size(); ++i) {
-      const auto r = eng.residency(StepContext::engine_id(i));
-      if (!r || !(r->valid[0] || r->valid[1] || r->valid[2])) continue;
-      samples.push_back({heat_.heat(i, now), trace_.tensors[i].bytes});
-    }
-    th_ = calibrate(std::move(samples), eng.config().device.capacity, eng.config().host.capacity);
+    th_ = calibrate_on_held(ctx, [&](std::uint32_t t) { return heat_.heat(t, now); });
   }
   for (std::size_t e = feed_->step_begin(j); e < feed_->step_begin(j + 1); ++e) {
     const trace::Event& ev = trace_.events[e];

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "u3m/policy/heat.hpp"
 #include "u3m/policy/placement.hpp"
 #include "u3m/policy/tiering.hpp"
 
@@ -57,6 +58,22 @@ class ChangedScores {
   std::uint64_t step_ = 1;
   std::vector<engine::Engine::ScoreUpdate> updates_;
 };
+
+// The thresholds both heat policies (u3m, design-seed) set at the end of
+// their first iteration, the profile: calibrate() over the heat
+// (`heat_of(tensor)`) of every tensor that holds data then, against the
+// engine's device and host capacities.
+template <class HeatOf>
+Thresholds calibrate_on_held(const StepContext& ctx, HeatOf heat_of) {
+  const engine::Engine& eng = ctx.engine();
+  std::vector<HeatSample> samples;
+  for (std::uint32_t i = 0; i < ctx.trace().tensors.size(); ++i) {
+    const auto r = eng.residency(StepContext::engine_id(i));
+    if (!r || !(r->valid[0] || r->valid[1] || r->valid[2])) continue;  // holds no data
+    samples.push_back({heat_of(i), ctx.trace().tensors[i].bytes});
+  }
+  return calibrate(std::move(samples), eng.config().device.capacity, eng.config().host.capacity);
+}
 
 // State a policy rests on the SSD (Adam v for design-seed, the optimizer
 // state for zero-infinity): queued when it is used, then sent on from DRAM

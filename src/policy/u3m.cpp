@@ -271,14 +271,7 @@ void U3mPolicy::issue_due(std::size_t j, StepContext& ctx) {
 
 void U3mPolicy::end_of_first_iteration(StepContext& ctx) {
   calibrated = true;
-  const engine::Engine& eng = ctx.engine();
-  std::vector<HeatSample> samples;
-  for (std::uint32_t i = 0; i < in_window.size(); ++i) {
-    const auto r = eng.residency(StepContext::engine_id(i));
-    if (!r || !(r->valid[0] || r->valid[1] || r->valid[2])) continue;  // holds no data
-    samples.push_back({heat.heat(i, now_ns), ctx.trace().tensors[i].bytes});
-  }
-  th = calibrate(std::move(samples), eng.config().device.capacity, eng.config().host.capacity);
+  th = calibrate_on_held(ctx, [&](std::uint32_t t) { return heat.heat(t, now_ns); });
   const double first_s = static_cast<double>(now_ns - start_ns) * 1e-9;
   const double period_s = opt.recalibrate_period_s > 0 ? opt.recalibrate_period_s : first_s / 10;
   rc.period_ns = static_cast<std::uint64_t>(period_s * 1e9);
