@@ -10,7 +10,8 @@ offload runs it (Note [Offload view] in include/u3m/experiments/offload_check.hp
 the simulator with the same policy at the same budget, on this machine's profile:
   - what `u3m hw calibrate` measures (memcpy bandwidth, the device-emu copy link, ...);
   - torch's own rates, measured here on calibration work that is none of the checked models:
-    the GEMM rate (torch.mm, n = 256, one thread); the cost of one op of a training step (a
+    the GEMM rate (torch.mm over a grid of shapes and layouts, one thread; Note [GEMM rate
+    for the roofline]); the cost of one op of a training step (a
     tiny MLP whose every op is overhead: its untiered step time over its captured ops); and
     the cost of one offload copy (the same MLP under offload at budget 1.0: its extra time
     over its copy ops).
@@ -59,6 +60,29 @@ def _median_s(fn, n: int) -> float:
     return statistics.median(ts)
 
 
+# Note [GEMM rate for the roofline]
+# The roofline charges every matmul at one rate, so the rate must be what a
+# mix of training's GEMMs achieves, not the best square case: backward runs
+# A^T B and A B^T, and skinny shapes run slower (on vm, 2 cores: 5.5 GFLOPS
+# at 256^3, 3.8-5.8 over this grid, 5.0 over all of it). The grid is generic,
+# not the checked models' shapes; the achieved rate over it (total FLOPs over
+# total time) weighs each shape by its time, as a step's sum does.
+GEMM_SIZES = (64, 256, 512)
+
+
+def gemm_rate() -> float:
+    flops = seconds = 0.0
+    for m in GEMM_SIZES:
+        for k in GEMM_SIZES:
+            for n in GEMM_SIZES:
+                for a, b in ((torch.randn(m, k), torch.randn(k, n)),
+                             (torch.randn(k, m).t(), torch.randn(k, n)),
+                             (torch.randn(m, k), torch.randn(n, k).t())):
+                    seconds += _median_s(lambda: torch.mm(a, b), 5)
+                    flops += 2 * m * k * n
+    return flops / seconds
+
+
 def _calibration_model():
     """A tiny MLP + Adam: every op is so small that its time is the per-op cost."""
     model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(8, 8), nn.ReLU())])
@@ -104,10 +128,11 @@ def calibrate(out_dir: str, seconds: float, steps: int, progress) -> dict:
     progress("calibrate: u3m hw calibrate")
     toml = u3m._core.calibrate_profile(seconds, "/var/tmp", machine(), date)
     progress("calibrate: torch GEMM and per-op cost")
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    gemm = 2 * 256 ** 3 / _median_s(lambda: torch.mm(a, b), 60)
+    gemm = gemm_rate()
     toml = set_field(toml, "peak_flops", gemm / 1e9, "GFLOPS",
-                     f"{where}: torch.mm of 256 x 256 float32, one torch thread, median of 60")
+                     f"{where}: torch.mm float32, one torch thread, achieved rate (total FLOPs / "
+                     f"total time) over m, k, n in {GEMM_SIZES} in the layouts training runs "
+                     f"(A B, A^T B, A B^T), median of 5 each")
     # The roofline alone (a profile field must be > 0: 1 ps per op is nothing here).
     zero = set_field(toml, "launch_overhead", 1e-6, "us", "calibration step only")
     zero_path = os.path.join(out_dir, "zero-overhead.toml")
