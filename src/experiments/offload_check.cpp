@@ -82,9 +82,22 @@ trace::Trace offload_view(const trace::Trace& in) {
     out.op(c);
     return static_cast<std::uint32_t>(out.ops.size() - 1);
   };
+  // An op with no events still computes: it runs where its index falls.
+  std::vector<std::uint8_t> has_events(in.ops.size(), 0);
+  for (const trace::Event& e : in.events) has_events[e.op] = 1;
+  std::uint32_t next = 0;
+  auto bare_ops_before = [&](std::uint32_t op) {
+    for (; next < op; ++next) {
+      if (has_events[next]) continue;
+      out.op(in.ops[next]);
+      out.event({0, static_cast<std::uint32_t>(out.ops.size() - 1), scratch, EventKind::read});
+    }
+    next = std::max(next, op + 1);
+  };
   std::size_t i = 0;
   while (i < in.events.size()) {
     const std::uint32_t op = in.events[i].op;
+    bare_ops_before(op);
     std::size_t end = i;
     while (end < in.events.size() && in.events[end].op == op) ++end;
     const trace::Op& o = in.ops[op];
@@ -132,6 +145,7 @@ trace::Trace offload_view(const trace::Trace& in) {
     }
     i = end;
   }
+  bare_ops_before(static_cast<std::uint32_t>(in.ops.size()));
   return out;
 }
 

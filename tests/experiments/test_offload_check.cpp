@@ -75,6 +75,21 @@ TEST(OffloadView, KeepsStateAndSavedActivationsAndDropsTransients) {
   EXPECT_DOUBLE_EQ(flops, 2 * 3e6);
 }
 
+// An op the capture saw touch nothing still computes in the view, in its place.
+TEST(OffloadView, KeepsAnOpWithoutEvents) {
+  trace::Trace t = step_trace(1);
+  trace::Op bare;
+  bare.name = "aten::bare";
+  bare.phase = Phase::optimizer;
+  bare.flops = 5e6;
+  t.op(bare);
+  const trace::Trace v = offload_view(t);
+  ASSERT_EQ(v.ops.back().name, "aten::bare");
+  EXPECT_DOUBLE_EQ(v.ops.back().flops, 5e6);
+  ASSERT_FALSE(v.events.empty());
+  EXPECT_EQ(v.events.back().op, v.ops.size() - 1);  // it is a step of the view
+}
+
 TEST(OffloadView, CopiesOutsideTheOptimizerAndLeasesInIt) {
   const trace::Trace v = offload_view(step_trace(1));
   // Forward: gather p; store a. Backward: gather a and p (a pass gathers
