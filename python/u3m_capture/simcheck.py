@@ -240,6 +240,10 @@ def main(argv=None) -> int:
         p.error(f"--steps must be >= 4 (two warm-up steps are dropped), got {a.steps}")
     if a.runs < 1:
         p.error(f"--runs must be >= 1, got {a.runs}")
+    if not a.max_error >= 0:
+        p.error(f"--max-error must be >= 0, got {a.max_error}")
+    if not a.calibrate_seconds > 0:
+        p.error(f"--calibrate-seconds must be > 0, got {a.calibrate_seconds}")
     if (a.profile is None) != (a.access_overhead_us is None):
         p.error("--profile and --access-overhead-us go together")
     if a.profile is not None and not os.path.isfile(a.profile):

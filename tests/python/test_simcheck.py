@@ -70,7 +70,8 @@ class SimCheckTest(unittest.TestCase):
     def test_bad_arguments_exit_2(self):
         for argv in (["--budgets", "1.5"], ["--budgets", "x"], ["--models", "nope"],
                      ["--steps", "2"], ["--profile", "/nonexistent.toml", "--access-overhead-us", "1"],
-                     ["--profile", "/x.toml"], ["--policy", "nope"]):
+                     ["--profile", "/x.toml"], ["--policy", "nope"], ["--max-error", "-1"],
+                     ["--calibrate-seconds", "0"], ["--runs", "0"]):
             with self.subTest(argv=argv), contextlib.redirect_stderr(io.StringIO()):
                 with self.assertRaises(SystemExit) as cm:
                     simcheck.main(argv)
