@@ -732,7 +732,9 @@ void add_train_commands(CLI::App& app) {
   auto* chk = train->add_subcommand(
       "check",
       "Sim versus real: tiny training steps run for real (runtime, device-emu, a device budget "
-      "below the footprint) and simulated with the local profile; step times and their error");
+      "below the footprint, each op sleeping for its modelled compute) and simulated with the "
+      "local profile; step times and their error. Against real PyTorch training under "
+      "u3m.torch.offload: python3 -m u3m_capture.simcheck (docs/pytorch.md)");
   chk->add_option("--hw", ca->hw,
                   "The local profile (a file from u3m hw calibrate); default: calibrate now")
       ->check(CLI::ExistingFile);
