@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <tuple>
 
 #include "u3m/engine/steps.hpp"
@@ -41,6 +42,13 @@ bool is_state(const trace::Tensor& t) {
 
 constexpr std::uint32_t kDropped = std::numeric_limits<std::uint32_t>::max();
 
+// The view's own copies, told apart from captured ops of class copy
+// (aten::clone, aten::cat), which cost a torch op, not an offload access.
+constexpr std::string_view kCopyPrefix = "u3m.offload.";
+bool is_offload_copy(const trace::Op& op) {
+  return op.cls == trace::OpClass::copy && op.name.starts_with(kCopyPrefix);
+}
+
 }  // namespace
 
 trace::Trace offload_view(const trace::Trace& in) {
@@ -72,7 +80,7 @@ trace::Trace offload_view(const trace::Trace& in) {
   std::set<std::tuple<std::uint32_t, Phase, std::uint32_t>> gathered;
   auto copy_op = [&](const trace::Op& of, const char* what, std::uint32_t t, std::uint64_t bytes) {
     trace::Op c;
-    c.name = std::string(what) + " " + out.tensors[t].name;
+    c.name = std::string(kCopyPrefix) + what + " " + out.tensors[t].name;
     c.cls = trace::OpClass::copy;
     c.phase = of.phase;
     c.job = of.job;
@@ -166,7 +174,7 @@ OffloadSim simulate_offload(const trace::Trace& captured, const sim::HwProfile& 
   const double access = o.access_overhead_s >= 0 ? o.access_overhead_s : hw.device.launch_overhead.si;
   const sim::OpTimeFn op_time = [hw, access](const trace::Op& op) {
     const sim::OpCost c = sim::op_cost(hw, op);
-    return op.cls == trace::OpClass::copy ? c.total_s - c.overhead_s + access : c.total_s;
+    return is_offload_copy(op) ? c.total_s - c.overhead_s + access : c.total_s;
   };
   const auto steady = [&](const trace::Trace& t) {
     double s = 0;
@@ -174,7 +182,7 @@ OffloadSim simulate_offload(const trace::Trace& captured, const sim::HwProfile& 
       if (op.job == 0 && op.iteration >= 1) s += op_time(op);
     return s / static_cast<double>(iterations - 1);
   };
-  for (const trace::Op& op : view.ops) r.copy_ops += op.cls == trace::OpClass::copy;
+  for (const trace::Op& op : view.ops) r.copy_ops += is_offload_copy(op);
   r.compute_step_s = steady(view);
   r.captured_compute_step_s = steady(captured);
   sim::SimOptions so;

@@ -94,16 +94,16 @@ TEST(OffloadView, CopiesOutsideTheOptimizerAndLeasesInIt) {
   const trace::Trace v = offload_view(step_trace(1));
   // Forward: gather p; store a. Backward: gather a and p (a pass gathers
   // again), store g. Optimizer: one lease each of g, m, p.
-  EXPECT_EQ(count_ops(v, "gather "), 3u);
-  EXPECT_EQ(count_ops(v, "store "), 2u);
-  EXPECT_EQ(count_ops(v, "lease "), 3u);
+  EXPECT_EQ(count_ops(v, "u3m.offload.gather "), 3u);
+  EXPECT_EQ(count_ops(v, "u3m.offload.store "), 2u);
+  EXPECT_EQ(count_ops(v, "u3m.offload.lease "), 3u);
   for (const trace::Op& o : v.ops) {
-    if (o.name.rfind("gather ", 0) == 0 || o.name.rfind("store ", 0) == 0) {
+    if (o.name.rfind("u3m.offload.gather ", 0) == 0 || o.name.rfind("u3m.offload.store ", 0) == 0) {
       EXPECT_EQ(o.cls, trace::OpClass::copy) << o.name;
       EXPECT_EQ(o.bytes % 2, 0u) << o.name;  // 2 x the tensor: a memcpy reads and writes
       EXPECT_GT(o.bytes, 0u) << o.name;
     }
-    if (o.name.rfind("lease ", 0) == 0) EXPECT_EQ(o.bytes, 0u) << o.name;
+    if (o.name.rfind("u3m.offload.lease ", 0) == 0) EXPECT_EQ(o.bytes, 0u) << o.name;
   }
   // Forward and backward ops compute on torch's memory: they touch only the
   // scratch tensor (and free what they freed).
@@ -116,9 +116,9 @@ TEST(OffloadView, CopiesOutsideTheOptimizerAndLeasesInIt) {
   // The gather of p comes before the forward matmul; the store of a after it.
   std::vector<std::string> order;
   for (const trace::Op& o : v.ops) order.push_back(o.name);
-  EXPECT_EQ(order[0], "gather train-0.param.w");
+  EXPECT_EQ(order[0], "u3m.offload.gather train-0.param.w");
   EXPECT_EQ(order[1], "aten::mm");
-  EXPECT_EQ(order[2], "store train-0.fwd.mm#0.out0");
+  EXPECT_EQ(order[2], "u3m.offload.store train-0.fwd.mm#0.out0");
 }
 
 TEST(SimulateOffload, ChargesCopiesAndStallsAtASmallBudget) {
@@ -139,6 +139,20 @@ TEST(SimulateOffload, ChargesCopiesAndStallsAtASmallBudget) {
   ASSERT_TRUE(tight.report.ok()) << tight.report.first_error;
   EXPECT_GT(tight.report.engine.evictions, all.report.engine.evictions);
   EXPECT_LE(tight.report.peak_device, 2100u);
+}
+
+// A captured op of class copy (aten::clone) costs a torch op, not an offload access.
+TEST(SimulateOffload, ChargesCapturedCopiesAsTorchOps) {
+  const sim::HwProfile hw = sim::load_profile("ascend-910b-32g");
+  trace::Trace t = step_trace(3);
+  for (trace::Op& op : t.ops)
+    if (op.name == "aten::relu") op.cls = trace::OpClass::copy;
+  OffloadSimOptions o;
+  o.budget_bytes = 1 << 20;
+  o.access_overhead_s = 0;
+  const double zero = simulate_offload(t, hw, o).captured_compute_step_s;
+  o.access_overhead_s = 1;  // a second per offload copy: the captured ops must not see it
+  EXPECT_DOUBLE_EQ(simulate_offload(t, hw, o).captured_compute_step_s, zero);
 }
 
 TEST(SimulateOffload, RefusesWhatItCannotMeasure) {

@@ -31,7 +31,8 @@ namespace u3m::experiments {
 //    and a backward op reads it (saved); every other tensor goes, and an op
 //    left with none touches a 1-byte scratch tensor (it still computes);
 //  - outside the optimizer phase, moves a kept tensor's accesses onto copy
-//    ops of class copy that move 2 x its bytes (a memcpy reads and writes):
+//    ops of class copy named `u3m.offload.gather|store|lease <tensor>` that
+//    move 2 x its bytes (a memcpy reads and writes):
 //    a gather before the op, once per tensor, phase and iteration (a unit
 //    gathers its parameters once per pass; a tensor the pass wrote is still
 //    in torch's memory), and a store after each write, which reads the
